@@ -1,0 +1,84 @@
+"""The ``asyncinfer`` command: ``local`` (the local stack), ``worker`` (one worker process),
+``prepare`` (convert model checkpoints once)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from asyncinfer.models.registry import MODELS
+
+
+def _local(args: argparse.Namespace) -> int:
+    from asyncinfer.local.stack import LocalOptions, run_local
+
+    models = (
+        [m.strip() for m in args.models.split(",") if m.strip()] if args.models else list(MODELS)
+    )
+    return run_local(
+        LocalOptions(
+            port=args.port,
+            models=models,
+            max_workers=args.max_workers,
+            state_dir=Path(args.state_dir),
+            extra_keys=args.extra_key or [],
+            visibility_timeout=args.visibility_timeout,
+            max_receive_count=args.max_receive_count,
+        )
+    )
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from asyncinfer.worker.__main__ import main as worker_main
+
+    argv = ["--model", args.model]
+    if args.max_batch_size:
+        argv += ["--max-batch-size", str(args.max_batch_size)]
+    return worker_main(argv)
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from asyncinfer import logs
+    from asyncinfer.models.checkpoint import ensure_checkpoint
+    from asyncinfer.settings import get_settings
+
+    logs.setup("prepare")
+    path = ensure_checkpoint(get_settings().model_cache_dir)
+    print(f"smollm2-135m-instruct checkpoint: {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    p = argparse.ArgumentParser(prog="asyncinfer", description="Asynchronous model inference")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    lp = sub.add_parser("local", help="run the whole service on this machine")
+    lp.add_argument("--port", type=int, default=8000, help="API port on 127.0.0.1 (8000)")
+    lp.add_argument("--models", default="", help="comma list of model ids (default: all)")
+    lp.add_argument("--max-workers", type=int, default=1, help="worker processes per model (1)")
+    lp.add_argument("--state-dir", default=".asyncinfer", help="where local.json goes")
+    lp.add_argument("--extra-key", action="append", metavar="NAME", help="another API key")
+    lp.add_argument("--visibility-timeout", type=int, default=30, help="seconds (30)")
+    lp.add_argument("--max-receive-count", type=int, default=3, help="SQS maxReceiveCount (3)")
+    lp.set_defaults(func=_local)
+
+    wp = sub.add_parser("worker", help="run one worker process for a model")
+    wp.add_argument("--model", required=True, choices=sorted(MODELS))
+    wp.add_argument("--max-batch-size", type=int, default=None)
+    wp.set_defaults(func=_worker)
+
+    pp = sub.add_parser("prepare", help="convert the SmolLM2 GGUF file to a cached checkpoint")
+    pp.set_defaults(func=_prepare)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``asyncinfer`` command."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

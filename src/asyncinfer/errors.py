@@ -1,0 +1,181 @@
+"""The error taxonomy: one place that says what is retryable, what is permanent, and what each
+error means over HTTP.
+
+Two families:
+
+* :class:`ApiError` and its subclasses are raised by the API path. Each carries the spec's error
+  ``code`` and ``http_status`` (``../shared/spec/api.md``, "Errors"); the API maps them to responses
+  by type, never by message text.
+* :class:`JobError` and its subclasses are raised while a worker runs a job. Each carries the job
+  error ``code`` of the spec ("Error codes of jobs") and whether another attempt could succeed
+  (``retryable``), in the manner of dramatiq's Retry/permanent split.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class AsyncInferError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+# --------------------------------------------------------------------------- API errors
+class ApiError(AsyncInferError):
+    """An error that becomes an HTTP response ``{"error": {"code", "message", "details"}}``.
+
+    Args:
+        message: human-readable text for the ``message`` field.
+        details: list of objects for the ``details`` field; for validation errors each is
+            ``{"field": "input.max_new_tokens", "message": "...", "type": "..."}``.
+    """
+
+    code: ClassVar[str] = "internal"
+    http_status: ClassVar[int] = 500
+
+    def __init__(self, message: str, details: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or []
+
+    def body(self) -> dict[str, Any]:
+        """The response body of the spec: ``{"error": {"code", "message", "details"}}``."""
+        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+
+
+class InvalidJson(ApiError):
+    """The body is not valid JSON (HTTP 400)."""
+
+    code = "invalid_json"
+    http_status = 400
+
+
+class InvalidRequest(ApiError):
+    """Schema violation, unknown model or out-of-range value (HTTP 422); ``details`` name fields."""
+
+    code = "invalid_request"
+    http_status = 422
+
+
+class NotFound(ApiError):
+    """No such job for this tenant (HTTP 404). Another tenant's job is also 404, never 403."""
+
+    code = "not_found"
+    http_status = 404
+
+
+class Conflict(ApiError):
+    """Idempotency key reused with another body, or cancel of a finished job (HTTP 409)."""
+
+    code = "conflict"
+    http_status = 409
+
+
+class PayloadTooLarge(ApiError):
+    """The request body is larger than the API accepts (HTTP 413)."""
+
+    code = "payload_too_large"
+    http_status = 413
+
+
+class RateLimited(ApiError):
+    """Too many requests (HTTP 429)."""
+
+    code = "rate_limited"
+    http_status = 429
+
+
+class InternalError(ApiError):
+    """A fault of the service, never of the input (HTTP 500)."""
+
+    code = "internal"
+    http_status = 500
+
+
+# --------------------------------------------------------------------------- job errors
+class JobError(AsyncInferError):
+    """An error that ends or interrupts one attempt at a job.
+
+    ``code`` is the job error code stored in the job's ``error`` field when the job fails.
+    ``retryable`` says whether the message goes back to the queue for another attempt
+    (``attempts + 1``, until the queue's maxReceiveCount sends it to the dead-letter queue) or the
+    job fails at once.
+    """
+
+    code: ClassVar[str] = "model_error"
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def as_dict(self) -> dict[str, str]:
+        """The job's ``error`` field: ``{"code": ..., "message": ...}``."""
+        return {"code": self.code, "message": self.message}
+
+
+class InvalidInput(JobError):
+    """The model rejects this input (permanent): the job fails at once with ``invalid_input``."""
+
+    code = "invalid_input"
+
+
+class ModelError(JobError):
+    """The model failed on this input in a way another attempt will not fix (permanent)."""
+
+    code = "model_error"
+
+
+class TransientError(JobError):
+    """A failure another attempt may not meet (retryable): throttling, a lost connection."""
+
+    code = "model_error"
+    retryable = True
+
+
+class OutOfMemory(JobError):
+    """The batch did not fit in memory (permanent for the jobs in it)."""
+
+    code = "out_of_memory"
+
+
+class JobTimeout(JobError):
+    """The attempt ran past the job's ``timeout_seconds`` (permanent)."""
+
+    code = "timeout"
+
+
+class JobCancelled(JobError):
+    """The job was cancelled while it ran; the worker records ``cancelled``.
+
+    Attributes:
+        partial: the output produced before the cancel (kept on the job), or ``None``.
+    """
+
+    code = "cancelled"
+
+    def __init__(self, message: str, partial: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.partial = partial
+
+
+class WorkerStopping(AsyncInferError):
+    """Raised inside a model run when the worker must give the job back (SIGTERM past the drain
+    deadline). Not a job error: the job returns to ``queued`` and its message becomes visible."""
+
+
+# --------------------------------------------------------------------------- store errors
+class TransitionRefused(AsyncInferError):
+    """A conditional write found the job in another status or attempt than expected.
+
+    Attributes:
+        current: the job record as it is now (``None`` if it does not exist).
+    """
+
+    def __init__(self, message: str, current: dict[str, Any] | None) -> None:
+        super().__init__(message)
+        self.current = current
+
+
+class ConfigError(AsyncInferError):
+    """Settings that cannot work together; the message lists every problem at once."""

@@ -1,0 +1,202 @@
+"""The local API Gateway: an HTTP server on 127.0.0.1 that turns each request into the REST API
+proxy event the API Lambda receives in AWS, checks the ``x-api-key`` header as an API key with a
+usage plan would, and invokes the handler in the local Lambda pool.
+
+Like API Gateway: a missing or unknown key is 403 ``{"message": "Forbidden"}`` (``/v1/health``
+needs none); the key's id is ``requestContext.identity.apiKeyId``; bodies above 10 MB are refused
+with 413 before the handler runs (the spec's error body, as the CDK app's gateway responses do).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from asyncinfer.errors import PayloadTooLarge
+from asyncinfer.local.lambda_runtime import LambdaPool
+
+log = logging.getLogger("asyncinfer.local")
+
+#: API Gateway REST APIs take payloads up to 10 MB.
+GATEWAY_MAX_BODY_BYTES = 10 * 1024 * 1024
+API_HANDLER = "asyncinfer.api.app:handler"
+PUBLIC_PATHS = frozenset({"/v1/health"})
+
+
+def build_event(
+    method: str,
+    raw_path: str,
+    headers: list[tuple[str, str]],
+    body: bytes,
+    *,
+    api_key: str | None,
+    api_key_id: str | None,
+    source_ip: str,
+    stage: str = "local",
+) -> dict[str, Any]:
+    """The API Gateway REST API (v1) proxy event for one request (``{proxy+}`` resource)."""
+    parts = urlsplit(raw_path)
+    path = parts.path or "/"
+    single: dict[str, str] = {}
+    multi: dict[str, list[str]] = {}
+    for k, v in headers:
+        single[k] = v
+        multi.setdefault(k, []).append(v)
+    q_single: dict[str, str] = {}
+    q_multi: dict[str, list[str]] = {}
+    for k, v in parse_qsl(parts.query, keep_blank_values=True):
+        q_single[k] = v
+        q_multi.setdefault(k, []).append(v)
+    is_b64 = False
+    text: str | None = None
+    if body:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            text, is_b64 = base64.b64encode(body).decode(), True
+    now_ms = int(time.time() * 1000)
+    return {
+        "resource": "/{proxy+}",
+        "path": path,
+        "httpMethod": method,
+        "headers": single or None,
+        "multiValueHeaders": multi or None,
+        "queryStringParameters": q_single or None,
+        "multiValueQueryStringParameters": q_multi or None,
+        "pathParameters": {"proxy": path.lstrip("/")},
+        "stageVariables": None,
+        "requestContext": {
+            "resourceId": "local",
+            "resourcePath": "/{proxy+}",
+            "httpMethod": method,
+            "extendedRequestId": str(uuid.uuid4()),
+            "requestTime": time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime()),
+            "path": f"/{stage}{path}",
+            "accountId": "123456789012",
+            "protocol": "HTTP/1.1",
+            "stage": stage,
+            "domainPrefix": "localhost",
+            "requestTimeEpoch": now_ms,
+            "requestId": str(uuid.uuid4()),
+            "identity": {
+                "apiKey": api_key,
+                "apiKeyId": api_key_id,
+                "sourceIp": source_ip,
+                "userAgent": single.get("User-Agent") or single.get("user-agent"),
+                "accountId": None,
+                "caller": None,
+                "user": None,
+                "userArn": None,
+                "cognitoIdentityPoolId": None,
+                "cognitoIdentityId": None,
+                "cognitoAuthenticationType": None,
+                "cognitoAuthenticationProvider": None,
+            },
+            "domainName": "localhost",
+            "apiId": "local",
+        },
+        "body": text,
+        "isBase64Encoded": is_b64,
+    }
+
+
+class LocalGateway:
+    """Serves the API on ``127.0.0.1:port`` until :meth:`stop`.
+
+    Args:
+        pool: where the API handler runs.
+        api_keys: key value -> key id (the tenant).
+        port: TCP port (0 picks a free one).
+    """
+
+    def __init__(self, pool: LambdaPool, api_keys: dict[str, str], port: int) -> None:
+        self.pool = pool
+        self.api_keys = api_keys
+        gateway = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            server_version = "asyncinfer-local"
+
+            def log_message(self, fmt: str, *args: Any) -> None:
+                log.debug("%s " + fmt, self.address_string(), *args)
+
+            def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+                self.send_response(status)
+                for k, v in headers.items():
+                    if k.lower() not in ("content-length", "connection", "transfer-encoding"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def _json(self, status: int, obj: Any) -> None:
+                self._send(status, json.dumps(obj).encode(), {"Content-Type": "application/json"})
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length > GATEWAY_MAX_BODY_BYTES:
+                    self.close_connection = True
+                    exc = PayloadTooLarge(
+                        f"request body is larger than {GATEWAY_MAX_BODY_BYTES} bytes; "
+                        "upload large inputs with POST /v1/uploads"
+                    )
+                    self._json(exc.http_status, exc.body())
+                    return
+                body = self.rfile.read(length) if length else b""
+                path = urlsplit(self.path).path
+                key = self.headers.get("x-api-key")
+                key_id = gateway.api_keys.get(key or "")
+                if path not in PUBLIC_PATHS and key_id is None:
+                    self._json(403, {"message": "Forbidden"})
+                    return
+                event = build_event(
+                    self.command,
+                    self.path,
+                    list(self.headers.items()),
+                    body,
+                    api_key=key if key_id else None,
+                    api_key_id=key_id,
+                    source_ip=self.client_address[0],
+                )
+                try:
+                    resp = gateway.pool.invoke(API_HANDLER, event)
+                except Exception:
+                    log.exception("handler invocation failed")
+                    self._json(502, {"message": "Internal server error"})
+                    return
+                out_headers = dict(resp.get("headers") or {})
+                for k, vs in (resp.get("multiValueHeaders") or {}).items():
+                    out_headers[k] = ", ".join(vs)
+                raw = resp.get("body") or ""
+                data = base64.b64decode(raw) if resp.get("isBase64Encoded") else raw.encode()
+                self._send(int(resp.get("statusCode", 200)), data, out_headers)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _handle
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Serve in a background thread."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving."""
+        self.server.shutdown()
+        self.server.server_close()

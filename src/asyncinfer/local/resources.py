@@ -1,0 +1,125 @@
+"""Creates the AWS resources of the service on an endpoint (the emulator), shaped as the CDK app
+shapes them in AWS: the job table (keys, GSI, TTL), the bucket, the events topic, and a queue per
+model with its dead-letter queue (redrive policy with maxReceiveCount)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncinfer import clients
+from asyncinfer.settings import Settings
+from asyncinfer.store import TENANT_INDEX
+
+#: SQS message retention, seconds: longer than the largest job TTL (259200 s), as in AWS.
+MESSAGE_RETENTION_SECONDS = 4 * 24 * 3600
+
+
+@dataclass
+class Resources:
+    """Names and URLs of created resources (what ``local.json`` reports)."""
+
+    table: str
+    bucket: str
+    topic_arn: str
+    queues: dict[str, str] = field(default_factory=dict)
+    dlqs: dict[str, str] = field(default_factory=dict)
+    event_log_queue: str = ""
+
+    def env(self) -> dict[str, str]:
+        """The environment variables that point components at these resources."""
+        return {
+            "ASYNCINFER_TABLE": self.table,
+            "ASYNCINFER_BUCKET": self.bucket,
+            "ASYNCINFER_TOPIC_ARN": self.topic_arn,
+            "ASYNCINFER_QUEUE_URLS": json.dumps(self.queues),
+            "ASYNCINFER_MODELS": ",".join(self.queues),
+        }
+
+
+def create_resources(
+    settings: Settings,
+    models: list[str],
+    *,
+    prefix: str = "asyncinfer",
+    event_log: bool = True,
+) -> Resources:
+    """Create every resource for ``models`` through ``settings``' endpoint; idempotent.
+
+    Queues get ``settings.visibility_timeout_seconds`` and a redrive policy to their DLQ with
+    ``settings.max_receive_count``. With ``event_log``, an SQS queue subscribed to the topic
+    (raw delivery) receives every job event, as a user's subscription would.
+    """
+    ddb = clients.client("dynamodb", settings)
+    s3 = clients.client("s3", settings)
+    sns = clients.client("sns", settings)
+    sqs = clients.client("sqs", settings)
+
+    table = f"{prefix}-jobs"
+    existing = ddb.list_tables().get("TableNames", [])
+    if table not in existing:
+        ddb.create_table(
+            TableName=table,
+            BillingMode="PAY_PER_REQUEST",
+            AttributeDefinitions=[
+                {"AttributeName": "job_id", "AttributeType": "S"},
+                {"AttributeName": "tenant", "AttributeType": "S"},
+            ],
+            KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
+            GlobalSecondaryIndexes=[
+                {
+                    "IndexName": TENANT_INDEX,
+                    "KeySchema": [
+                        {"AttributeName": "tenant", "KeyType": "HASH"},
+                        {"AttributeName": "job_id", "KeyType": "RANGE"},
+                    ],
+                    "Projection": {"ProjectionType": "ALL"},
+                }
+            ],
+        )
+        ddb.update_time_to_live(
+            TableName=table, TimeToLiveSpecification={"Enabled": True, "AttributeName": "ttl"}
+        )
+
+    bucket = f"{prefix}-payloads"
+    s3.create_bucket(Bucket=bucket)
+
+    topic_arn = sns.create_topic(Name=f"{prefix}-events")["TopicArn"]
+    res = Resources(table=table, bucket=bucket, topic_arn=topic_arn)
+
+    for model in models:
+        dlq_url = sqs.create_queue(
+            QueueName=f"{prefix}-{model}-dlq",
+            Attributes={"MessageRetentionPeriod": str(14 * 24 * 3600)},
+        )["QueueUrl"]
+        dlq_arn = _arn(sqs, dlq_url)
+        attrs: dict[str, Any] = {
+            "VisibilityTimeout": str(settings.visibility_timeout_seconds),
+            "MessageRetentionPeriod": str(MESSAGE_RETENTION_SECONDS),
+            "ReceiveMessageWaitTimeSeconds": "20",
+            "RedrivePolicy": json.dumps(
+                {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": settings.max_receive_count}
+            ),
+        }
+        url = sqs.create_queue(QueueName=f"{prefix}-{model}", Attributes=attrs)["QueueUrl"]
+        res.queues[model] = url
+        res.dlqs[model] = dlq_url
+
+    if event_log:
+        url = sqs.create_queue(QueueName=f"{prefix}-events-log")["QueueUrl"]
+        sns.subscribe(
+            TopicArn=topic_arn,
+            Protocol="sqs",
+            Endpoint=_arn(sqs, url),
+            Attributes={"RawMessageDelivery": "true"},
+        )
+        res.event_log_queue = url
+    return res
+
+
+def _arn(sqs: Any, url: str) -> str:
+    arn: str = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    return arn

@@ -1,0 +1,328 @@
+"""``asyncinfer local``: the whole service on this machine.
+
+It starts the AWS emulator (moto server) on 127.0.0.1, creates the queues, dead-letter queues,
+table, bucket and topic as the CDK app does, serves the API through :mod:`.gateway` (the same
+Lambda handler, fed API Gateway proxy events), runs worker processes per model, feeds the DLQ
+handler with the SQS events its Lambda would get, and prints one line per job event (read from an
+SQS queue subscribed to the topic, as a user's subscription would). SIGINT or SIGTERM stops every
+process it started within 15 s; workers release their jobs first.
+
+Emulator state is in memory: stopping the stack forgets every job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from asyncinfer import clients, logs
+from asyncinfer.local.gateway import LocalGateway
+from asyncinfer.local.lambda_runtime import LambdaPool
+from asyncinfer.local.resources import Resources, create_resources
+from asyncinfer.models.registry import MODELS
+from asyncinfer.settings import Settings
+
+log = logging.getLogger("asyncinfer.local")
+
+DLQ_HANDLER = "asyncinfer.dlq:lambda_handler"
+#: Seconds a worker gets between SIGTERM and SIGKILL when the stack stops.
+WORKER_STOP_SECONDS = 10.0
+
+
+@dataclass(kw_only=True)
+class LocalOptions:
+    """Options of ``asyncinfer local`` (spec, "The local stack")."""
+
+    port: int = 8000
+    models: list[str] = field(default_factory=lambda: list(MODELS))
+    max_workers: int = 1
+    state_dir: Path = Path(".asyncinfer")
+    extra_keys: list[str] = field(default_factory=list)
+    visibility_timeout: int = 30
+    max_receive_count: int = 3
+    drain_seconds: float = 5.0
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _new_key() -> tuple[str, str]:
+    """``(key value, key id)`` shaped like API Gateway's (40 and 10 characters)."""
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    key_id = "".join(secrets.choice(alphabet) for _ in range(10))
+    return secrets.token_urlsafe(30)[:40], key_id
+
+
+class LocalStack:
+    """The running local stack. :meth:`start`, then :meth:`wait` until a signal, then
+    :meth:`stop`."""
+
+    def __init__(self, opts: LocalOptions) -> None:
+        unknown = [m for m in opts.models if m not in MODELS]
+        if unknown:
+            raise SystemExit(f"unknown model(s) {unknown}; known: {sorted(MODELS)}")
+        self.opts = opts
+        self.stop_event = threading.Event()
+        self.procs: dict[str, list[subprocess.Popen[bytes]]] = {}
+        self.moto: subprocess.Popen[bytes] | None = None
+        self.pool: LambdaPool | None = None
+        self.gateway: LocalGateway | None = None
+        self.resources: Resources | None = None
+        self.env: dict[str, str] = {}
+        self.api_key, self.api_key_id = _new_key()
+        self.extra = {name: _new_key() for name in opts.extra_keys}
+
+    # ------------------------------------------------------------------ start
+    def start(self) -> dict[str, Any]:
+        """Start everything; returns the ``local.json`` document."""
+        opts = self.opts
+        opts.state_dir.mkdir(parents=True, exist_ok=True)
+        moto_port = free_port()
+        endpoint = f"http://127.0.0.1:{moto_port}"
+        self.moto = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
+            stdout=subprocess.DEVNULL,
+            stderr=(opts.state_dir / "moto.log").open("wb"),
+            start_new_session=True,
+        )
+        _wait_http(endpoint + "/moto-api/", 30)
+        base_env = {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_REGION": "us-east-1",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "local",
+            "AWS_SECRET_ACCESS_KEY": "local",
+            "ASYNCINFER_LOCAL": "1",
+            "ASYNCINFER_VISIBILITY_TIMEOUT": str(opts.visibility_timeout),
+            "ASYNCINFER_MAX_RECEIVE_COUNT": str(opts.max_receive_count),
+            "ASYNCINFER_DRAIN_SECONDS": str(opts.drain_seconds),
+            "POWERTOOLS_SERVICE_NAME": "asyncinfer-local",
+            "POWERTOOLS_LOG_LEVEL": "WARNING",
+            "POWERTOOLS_TRACE_DISABLED": "true",
+            "POWERTOOLS_METRICS_NAMESPACE": "asyncinfer",
+        }
+        # This process talks to the emulator too (resources, DLQ feed, event log).
+        os.environ.update(base_env)
+        settings = Settings.from_env()
+        clients.reset()
+        self.resources = create_resources(settings, opts.models)
+        self.env = {**base_env, **self.resources.env()}
+        self.settings = Settings.from_env({**os.environ, **self.env})
+
+        self.pool = LambdaPool(self.env, size=8)
+        keys = {self.api_key: self.api_key_id, **{v: i for v, i in self.extra.values()}}
+        self.gateway = LocalGateway(self.pool, keys, opts.port)
+        self.gateway.start()
+
+        for model in opts.models:
+            self.procs[model] = [self._spawn_worker(model) for _ in range(opts.max_workers)]
+        threading.Thread(target=self._event_log_loop, name="events", daemon=True).start()
+        threading.Thread(target=self._dlq_loop, name="dlq", daemon=True).start()
+        threading.Thread(target=self._supervise_loop, name="supervise", daemon=True).start()
+
+        doc = {
+            "api_url": self.gateway.url,
+            "api_key": self.api_key,
+            "api_key_id": self.api_key_id,
+            "aws_endpoint_url": endpoint,
+            "region": "us-east-1",
+            "queues": self.resources.queues,
+            "dead_letter_queues": self.resources.dlqs,
+            "table": self.resources.table,
+            "bucket": self.resources.bucket,
+            "topic_arn": self.resources.topic_arn,
+            "extra_keys": {name: value for name, (value, _id) in self.extra.items()},
+            "extra_key_ids": {name: key_id for name, (_v, key_id) in self.extra.items()},
+            "models": opts.models,
+            "pid": os.getpid(),
+        }
+        path = opts.state_dir / "local.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=2))
+        os.replace(tmp, path)
+        _wait_http(self.gateway.url + "/v1/health", 60)
+        return doc
+
+    def _spawn_worker(self, model: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncinfer.worker", "--model", model],
+            env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,  # Ctrl-C reaches the stack, which stops workers in order
+        )
+        log.info("worker started: model=%s pid=%s", model, proc.pid)
+        return proc
+
+    # ------------------------------------------------------------------ background loops
+    def _event_log_loop(self) -> None:
+        assert self.resources is not None
+        sqs = clients.client("sqs", self.settings)
+        url = self.resources.event_log_queue
+        while not self.stop_event.is_set():
+            try:
+                resp = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
+            except Exception:
+                if self.stop_event.is_set():
+                    return
+                time.sleep(1)
+                continue
+            msgs = resp.get("Messages", [])
+            for m in msgs:
+                try:
+                    event = json.loads(m["Body"])
+                    job = event["data"]
+                    extra = ""
+                    if job.get("error"):
+                        extra = f" error={job['error'].get('code')}"
+                    print(
+                        f"{event['timestamp']} {event['type']:<14} {job['id']} "
+                        f"model={job['model']} attempts={job['attempts']}{extra}",
+                        flush=True,
+                    )
+                except (ValueError, KeyError, TypeError):
+                    log.warning("unreadable event: %.200s", m.get("Body"))
+            if msgs:
+                sqs.delete_message_batch(
+                    QueueUrl=url,
+                    Entries=[
+                        {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]}
+                        for n, m in enumerate(msgs)
+                    ],
+                )
+
+    def _dlq_loop(self) -> None:
+        """Feed each dead-letter queue's messages to the DLQ Lambda handler as SQS events."""
+        assert self.resources is not None and self.pool is not None
+        sqs = clients.client("sqs", self.settings)
+        while not self.stop_event.is_set():
+            for model, url in self.resources.dlqs.items():
+                try:
+                    resp = sqs.receive_message(
+                        QueueUrl=url,
+                        MaxNumberOfMessages=10,
+                        WaitTimeSeconds=1,
+                        MessageSystemAttributeNames=["All"],
+                    )
+                    msgs = resp.get("Messages", [])
+                    if not msgs:
+                        continue
+                    event = {"Records": [_sqs_record(m, url, model) for m in msgs]}
+                    result = self.pool.invoke(DLQ_HANDLER, event, function_name="dlq")
+                    failed = {f["itemIdentifier"] for f in result.get("batchItemFailures", [])}
+                    done = [m for m in msgs if m["MessageId"] not in failed]
+                    if done:
+                        sqs.delete_message_batch(
+                            QueueUrl=url,
+                            Entries=[
+                                {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]}
+                                for n, m in enumerate(done)
+                            ],
+                        )
+                except Exception:
+                    if self.stop_event.is_set():
+                        return
+                    log.exception("DLQ handler failed")
+                    time.sleep(1)
+
+    def _supervise_loop(self) -> None:
+        """Restart a worker that died (as ECS replaces a stopped task)."""
+        while not self.stop_event.wait(2):
+            for model, procs in self.procs.items():
+                for i, p in enumerate(procs):
+                    if p.poll() is not None and not self.stop_event.is_set():
+                        log.warning("worker %s exited with %s; restarting", p.pid, p.returncode)
+                        procs[i] = self._spawn_worker(model)
+
+    # ------------------------------------------------------------------ stop
+    def wait(self) -> None:
+        """Block until SIGINT or SIGTERM."""
+        signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
+        signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
+        self.stop_event.wait()
+
+    def stop(self) -> None:
+        """Stop workers (SIGTERM, then SIGKILL after 10 s), the gateway, the pool, the emulator."""
+        self.stop_event.set()
+        log.info("stopping")
+        procs = [p for ps in self.procs.values() for p in ps]
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + WORKER_STOP_SECONDS
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("worker %s did not stop; killing it", p.pid)
+                p.kill()
+                p.wait()
+        if self.gateway:
+            self.gateway.stop()
+        if self.pool:
+            self.pool.close()
+        if self.moto and self.moto.poll() is None:
+            self.moto.terminate()
+            try:
+                self.moto.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                self.moto.kill()
+        log.info("stopped")
+
+
+def _sqs_record(m: dict[str, Any], url: str, model: str) -> dict[str, Any]:
+    """An SQS Lambda event record for a received message."""
+    parts = url.rstrip("/").split("/")
+    return {
+        "messageId": m["MessageId"],
+        "receiptHandle": m["ReceiptHandle"],
+        "body": m["Body"],
+        "attributes": m.get("Attributes", {}),
+        "messageAttributes": {},
+        "md5OfBody": m.get("MD5OfBody", ""),
+        "eventSource": "aws:sqs",
+        "eventSourceARN": f"arn:aws:sqs:us-east-1:{parts[-2]}:{parts[-1]}",
+        "awsRegion": "us-east-1",
+    }
+
+
+def _wait_http(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            httpx.get(url, timeout=2)
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not answer within {timeout}s") from None
+            time.sleep(0.1)
+
+
+def run_local(opts: LocalOptions) -> int:
+    """Start the stack, print the ready line, serve until a signal, stop. Returns 0."""
+    logs.setup("local")
+    stack = LocalStack(opts)
+    try:
+        doc = stack.start()
+        for name, value in doc["extra_keys"].items():
+            print(f"asyncinfer local: extra key {name}={value}", flush=True)
+        print(f"asyncinfer local: ready api={doc['api_url']} key={doc['api_key']}", flush=True)
+        stack.wait()
+    finally:
+        stack.stop()
+    return 0

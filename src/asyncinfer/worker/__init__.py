@@ -1,0 +1,1 @@
+"""The worker: what the container runs on ECS (``asyncinfer worker --model ID``)."""
