@@ -87,7 +87,7 @@ def openapi() -> Response[dict]:
     doc = app.get_openapi_json_schema(
         title="asyncinfer", version=__version__, description="Asynchronous model inference"
     )
-    return Response(status_code=200, content_type="application/json", body=doc)
+    return json_response(200, json.loads(doc))
 
 
 @app.post(
@@ -102,7 +102,7 @@ def openapi() -> Response[dict]:
 def submit_job(body: Annotated[JobRequest, Body()]) -> Response[JobView]:
     """Create a job; 202 with the job object and ``Location``. ``Idempotency-Key`` header: the
     same key and body return the original job (200), another body 409."""
-    key = app.current_event.get_header_value("idempotency-key", case_sensitive=False)
+    key = app.current_event.headers.get("idempotency-key")  # case-insensitive
     job, created = service().submit(tenant(), body, idempotency_key=key)
     return json_response(202 if created else 200, job, {"Location": job["urls"]["get"]})
 

@@ -171,40 +171,41 @@ class LocalStack:
 
     # ------------------------------------------------------------------ background loops
     def _event_log_loop(self) -> None:
-        assert self.resources is not None
-        sqs = clients.client("sqs", self.settings)
-        url = self.resources.event_log_queue
         while not self.stop_event.is_set():
             try:
-                resp = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
+                self._print_events(wait=1)
             except Exception:
                 if self.stop_event.is_set():
                     return
                 time.sleep(1)
-                continue
-            msgs = resp.get("Messages", [])
-            for m in msgs:
-                try:
-                    event = json.loads(m["Body"])
-                    job = event["data"]
-                    extra = ""
-                    if job.get("error"):
-                        extra = f" error={job['error'].get('code')}"
-                    print(
-                        f"{event['timestamp']} {event['type']:<14} {job['id']} "
-                        f"model={job['model']} attempts={job['attempts']}{extra}",
-                        flush=True,
-                    )
-                except (ValueError, KeyError, TypeError):
-                    log.warning("unreadable event: %.200s", m.get("Body"))
-            if msgs:
-                sqs.delete_message_batch(
-                    QueueUrl=url,
-                    Entries=[
-                        {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]}
-                        for n, m in enumerate(msgs)
-                    ],
+
+    def _print_events(self, wait: int) -> int:
+        """Print one line per job event waiting in the event-log queue; returns how many."""
+        assert self.resources is not None
+        sqs = clients.client("sqs", self.settings)
+        url = self.resources.event_log_queue
+        resp = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=wait)
+        msgs = resp.get("Messages", [])
+        for m in msgs:
+            try:
+                event = json.loads(m["Body"])
+                job = event["data"]
+                extra = f" error={job['error'].get('code')}" if job.get("error") else ""
+                print(
+                    f"{event['timestamp']} {event['type']:<14} {job['id']} "
+                    f"model={job['model']} attempts={job['attempts']}{extra}",
+                    flush=True,
                 )
+            except (ValueError, KeyError, TypeError, AttributeError):
+                log.warning("unreadable event: %.200s", m.get("Body"))
+        if msgs:
+            sqs.delete_message_batch(
+                QueueUrl=url,
+                Entries=[
+                    {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(msgs)
+                ],
+            )
+        return len(msgs)
 
     def _dlq_loop(self) -> None:
         """Feed each dead-letter queue's messages to the DLQ Lambda handler as SQS events."""
@@ -272,6 +273,11 @@ class LocalStack:
                 log.warning("worker %s did not stop; killing it", p.pid)
                 p.kill()
                 p.wait()
+        try:  # the workers' last events (jobs released back to queued)
+            while self.resources and self._print_events(wait=0):
+                pass
+        except Exception:
+            log.warning("could not read the last events")
         if self.gateway:
             self.gateway.stop()
         if self.pool:

@@ -29,6 +29,7 @@ class WorkItem:
     Attributes:
         job_id: the job id (``job_<ULID>``).
         input: the validated input (an instance of the model's input schema).
+        raw_input: the input exactly as submitted (JSON object).
         attempt: 1 for the first attempt, +1 for each retry.
         deadline: ``time.monotonic()`` value after which the attempt has timed out (seconds).
         cancel_event: set when the job is cancelled while it runs.
@@ -38,6 +39,7 @@ class WorkItem:
 
     job_id: str
     input: BaseModel
+    raw_input: dict[str, Any] = field(default_factory=dict)
     attempt: int = 1
     deadline: float = float("inf")
     cancel_event: threading.Event = field(default_factory=threading.Event)

@@ -39,4 +39,4 @@ class EchoHandler(ModelHandler):
             if left <= 0:
                 break
             time.sleep(min(self.STEP_SECONDS, left))
-        return inp.model_dump(mode="json", exclude_unset=True)
+        return item.raw_input

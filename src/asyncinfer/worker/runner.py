@@ -296,6 +296,7 @@ class Worker:
         item = WorkItem(
             job_id=msg.job_id,
             input=item_input,
+            raw_input=raw,
             attempt=record["attempts"],
             deadline=time.monotonic() + msg.timeout_seconds,
             cancel_event=held.cancel_event,

@@ -1,0 +1,165 @@
+"""SageMaker async notifications (SNS success and error topics) -> job records and events.
+
+A notification is a JSON document (SageMaker developer guide, "Check prediction results"):
+``inferenceId`` (our job id), ``invocationStatus`` (``Completed`` or ``Failed``),
+``responseParameters.outputLocation`` on success, and on failure ``failureReason`` and
+``failureLocation``. Failure details appear at the top level in some notifications and under
+``responseParameters`` in others; both are read.
+
+On success the output JSON is read from ``outputLocation``: at most 64 KB is stored inline
+(``output``), larger outputs stay where SageMaker wrote them (``output_ref``). The job goes
+``running -> succeeded`` (or ``failed``) at the attempt that the record holds; a late or
+duplicate notification is refused by :meth:`JobStore.transition` and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from asyncinfer import lifecycle
+from asyncinfer.errors import TransitionRefused
+from asyncinfer.payloads import PayloadStore, dumps
+from asyncinfer.settings import INLINE_OUTPUT_LIMIT_BYTES, Settings
+from asyncinfer.store import JobStore
+from asyncinfer.timeutil import iso, now, parse
+
+Publish = Callable[[dict[str, Any]], Any]
+#: Called as ``emit(metric_name, value, unit, model)``.
+Emit = Callable[[str, float, str, str], None]
+
+
+def _field(note: Mapping[str, Any], name: str) -> Any:
+    """``name`` at the top level of ``note`` or under ``responseParameters``."""
+    if note.get(name) is not None:
+        return note[name]
+    return (note.get("responseParameters") or {}).get(name)
+
+
+def classify_failure(reason: str, detail: Any = None) -> dict[str, str]:
+    """The job error ``{"code", "message"}`` for a SageMaker failure.
+
+    ``detail`` is the parsed failure body the container returned, if any; a body of the
+    contract's shape ``{"error": {"code", "message"}}`` wins.
+    """
+    if isinstance(detail, dict) and isinstance(detail.get("error"), dict):
+        err = detail["error"]
+        if err.get("code"):
+            return {"code": str(err["code"]), "message": str(err.get("message", reason))[:1000]}
+    low = reason.lower()
+    if "timed out" in low or "timeout" in low or "ttl" in low or "expired" in low:
+        code = "timeout"
+    elif "memory" in low:
+        code = "out_of_memory"
+    elif "clienterror" in low and ("400" in low or "422" in low):
+        code = "invalid_input"
+    else:
+        code = "model_error"
+    return {"code": code, "message": reason[:1000] or "SageMaker inference failed"}
+
+
+class Completion:
+    """Finishes jobs from SageMaker notifications.
+
+    Args:
+        settings: table, bucket, topic.
+        store / payloads: collaborators (built from ``settings`` when omitted).
+        publish: publishes the job event of a record.
+        emit: records job metrics (``JobsSucceeded``, ``JobsFailed``, ``RunSeconds``).
+        logger: a logging.Logger-like object.
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: JobStore | None = None,
+        payloads: PayloadStore | None = None,
+        publish: Publish | None = None,
+        emit: Emit | None = None,
+        logger: Any = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store or JobStore(settings)
+        self.payloads = payloads or PayloadStore(settings)
+        if publish is None:
+            from asyncinfer.events import EventPublisher
+
+            publish = EventPublisher(settings, self.payloads).publish
+        self.publish = publish
+        self.emit = emit
+        import logging
+
+        self.log = logger or logging.getLogger(__name__)
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> Completion:
+        """Build from the environment."""
+        return cls(settings=Settings.from_env(), **kwargs)
+
+    def handle_sns_event(self, event: Mapping[str, Any]) -> dict[str, Any]:
+        """Handle every SNS record of a Lambda event; returns ``{"jobs": {job_id: status}}``."""
+        out: dict[str, str] = {}
+        for rec in event.get("Records", []):
+            note = json.loads(rec["Sns"]["Message"])
+            job_id, status = self.handle_notification(note)
+            if job_id:
+                out[job_id] = status
+        return {"jobs": out}
+
+    def handle_notification(self, note: Mapping[str, Any]) -> tuple[str, str]:
+        """Apply one notification; returns ``(job_id, resulting status or 'ignored')``."""
+        job_id = str(note.get("inferenceId") or "")
+        if not job_id:
+            self.log.warning("notification without inferenceId: %s", note)
+            return "", "ignored"
+        record = self.store.get(job_id)
+        if record is None or record.get("status") != lifecycle.RUNNING:
+            self.log.info("job %s is %s: notification ignored", job_id, record and record["status"])
+            return job_id, "ignored"
+        fields: dict[str, Any] = {"completed_at": iso(now())}
+        ok = str(note.get("invocationStatus", "")).lower() == "completed" and _field(
+            note, "outputLocation"
+        )
+        if ok:
+            to = lifecycle.SUCCEEDED
+            location = str(_field(note, "outputLocation"))
+            output = self.payloads.read_json(location)
+            body = dumps(output)
+            if len(body) > INLINE_OUTPUT_LIMIT_BYTES:
+                fields["output_ref"] = location
+            else:
+                fields["output"] = body.decode()
+        else:
+            to = lifecycle.FAILED
+            reason = str(_field(note, "failureReason") or "")
+            detail = None
+            failure_location = _field(note, "failureLocation")
+            if failure_location:
+                try:
+                    detail = self.payloads.read_json(str(failure_location))
+                except Exception:  # the failure body is optional and may not be JSON
+                    detail = None
+            fields["error"] = classify_failure(reason, detail)
+        try:
+            new = self.store.transition(
+                job_id,
+                from_status=lifecycle.RUNNING,
+                to_status=to,
+                attempts=record.get("attempts"),
+                set_fields=fields,
+            )
+        except TransitionRefused as exc:
+            self.log.info("%s", exc)
+            return job_id, "ignored"
+        self.publish(new)
+        if self.emit is not None:
+            model = str(new.get("model", ""))
+            self.emit(
+                "JobsSucceeded" if to == lifecycle.SUCCEEDED else "JobsFailed", 1, "Count", model
+            )
+            if new.get("started_at"):
+                run = (parse(fields["completed_at"]) - parse(new["started_at"])).total_seconds()
+                self.emit("RunSeconds", run, "Seconds", model)
+        return job_id, to
