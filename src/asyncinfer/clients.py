@@ -28,7 +28,8 @@ def client(service: str, settings: Settings | None = None) -> Any:
     key = (service, s.endpoint_url, s.region)
     with _lock:
         if key not in _cache:
-            _cache[key] = boto3.session.Session().client(
+            session: Any = boto3.session.Session()
+            _cache[key] = session.client(
                 service, region_name=s.region, endpoint_url=s.endpoint_url, config=_CONFIG
             )
         return _cache[key]

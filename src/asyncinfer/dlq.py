@@ -95,6 +95,8 @@ logger = Logger(service="asyncinfer-dlq")
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The DLQ Lambda: fail every dead-lettered job of the SQS batch; the response lists the
     records that raised (``batchItemFailures``) so that only those are retried."""
-    return process_partial_response(
-        event=event, record_handler=record_handler, processor=processor, context=context
+    return dict(
+        process_partial_response(
+            event=event, record_handler=record_handler, processor=processor, context=context
+        )
     )

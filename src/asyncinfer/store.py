@@ -114,7 +114,8 @@ class JobStore:
             pending: dict[str, Any] = {self.table: req}
             while pending:
                 resp = self.ddb.batch_get_item(RequestItems=pending)
-                for item in resp.get("Responses", {}).get(self.table, []):
+                items: list[dict[str, Any]] = resp.get("Responses", {}).get(self.table, [])
+                for item in items:
                     rec = from_item(item)
                     out[rec["job_id"]] = rec
                 pending = resp.get("UnprocessedKeys") or {}
@@ -251,7 +252,7 @@ class JobStore:
         except ClientError as exc:
             if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
-            old = exc.response.get("Item")
+            old: dict[str, Any] | None = exc.response.get("Item")  # type: ignore[assignment]
             current = from_item(old) if old else None
             got = f"{current['status']} (attempts {current.get('attempts')})" if current else "none"
             raise TransitionRefused(

@@ -22,6 +22,7 @@ from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from ulid import ULID
 
@@ -59,7 +60,7 @@ def tenant() -> str:
     return key_id
 
 
-def _doc(description: str, model: type) -> dict[str, Any]:
+def _doc(description: str, model: type) -> OpenAPIResponse:
     return {"description": description, "content": {"application/json": {"model": model}}}
 
 

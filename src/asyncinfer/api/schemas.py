@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 EventType = Literal[
     "job.queued", "job.started", "job.succeeded", "job.failed", "job.cancelled", "job.expired"
 ]
-TERMINAL_EVENTS: list[str] = ["job.succeeded", "job.failed", "job.cancelled", "job.expired"]
+TERMINAL_EVENTS: list[EventType] = ["job.succeeded", "job.failed", "job.cancelled", "job.expired"]
 
 #: Limits of ``metadata`` (spec: "a flat object of at most 16 string values, 2 KB in all").
 METADATA_MAX_KEYS = 16

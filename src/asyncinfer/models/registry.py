@@ -41,7 +41,7 @@ class ModelSpec:
         """Import and build this model's handler (does not load weights; call ``load()``)."""
         module_name, _, cls_name = self.handler.partition(":")
         cls = getattr(importlib.import_module(module_name), cls_name)
-        return cls(spec=self, **kwargs)  # type: ignore[no-any-return]
+        return cls(spec=self, **kwargs)
 
     def describe(self) -> dict[str, Any]:
         """The entry of ``GET /v1/models``: ``{"id", "task", "input_schema", "max_batch_size"}``."""

@@ -56,6 +56,7 @@ from asyncinfer.settings import INLINE_OUTPUT_LIMIT_BYTES, Settings
 from asyncinfer.store import JobStore
 from asyncinfer.timeutil import iso, now, parse
 from asyncinfer.worker.inflight import Held, InFlight
+from asyncinfer.worker.protection import ScaleInProtection
 
 log = logging.getLogger("asyncinfer.worker")
 
@@ -99,7 +100,7 @@ class Worker:
         self.inbox: queue.Queue[Held] = queue.Queue()
         self.stopping = threading.Event()  # stop polling
         self.interrupt = threading.Event()  # stop running jobs (drain deadline passed)
-        self.idle = threading.Event()
+        self.protection = ScaleInProtection()
         self.jobs_done = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -140,13 +141,17 @@ class Worker:
             while not self.stopping.is_set():
                 batch = self._next_batch()
                 if batch:
+                    self.protection.set(busy=True)
                     self.process(batch)
                     self.jobs_done += len(batch)
                     if max_jobs is not None and self.jobs_done >= max_jobs:
                         self.stopping.set()
+                elif self.protection.enabled and not len(self.inflight):
+                    self.protection.set(busy=False)
         finally:
             self.stopping.set()
             self._release_unstarted()
+            self.protection.set(busy=False)
         log.info("worker stopped")
         return 0
 

@@ -1,0 +1,49 @@
+"""ECS task scale-in protection, held while a worker has jobs in hand.
+
+ECS service auto scaling picks tasks to stop when it scales in; a protected task is skipped
+(ECS developer guide, "Protect your Amazon ECS tasks from being terminated by scale-in events":
+``PUT $ECS_AGENT_URI/task-protection/v1/state`` with ``{"ProtectionEnabled": bool,
+"ExpiresInMinutes": n}``). Outside ECS (no ``ECS_AGENT_URI``) this does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import httpx
+
+log = logging.getLogger("asyncinfer.worker")
+
+#: How long one protection request lasts, minutes; renewed while work goes on.
+EXPIRES_IN_MINUTES = 60
+
+
+class ScaleInProtection:
+    """Turns protection on when work starts and off when the worker is idle."""
+
+    def __init__(self, agent_uri: str | None = None) -> None:
+        self.agent_uri = agent_uri if agent_uri is not None else os.environ.get("ECS_AGENT_URI")
+        self.enabled = False
+        self.renew_at = 0.0
+
+    def set(self, busy: bool) -> None:
+        """Hold protection while ``busy``; release it when not. Failures are logged, never
+        raised: protection is a scaling courtesy, not a condition for running jobs."""
+        if not self.agent_uri:
+            return
+        now = time.monotonic()
+        if busy == self.enabled and (not busy or now < self.renew_at):
+            return
+        body = {"ProtectionEnabled": busy}
+        if busy:
+            body["ExpiresInMinutes"] = EXPIRES_IN_MINUTES  # type: ignore[assignment]
+        try:
+            r = httpx.put(f"{self.agent_uri}/task-protection/v1/state", json=body, timeout=5)
+            r.raise_for_status()
+        except httpx.HTTPError as exc:
+            log.warning("scale-in protection %s failed: %s", "on" if busy else "off", exc)
+            return
+        self.enabled = busy
+        self.renew_at = now + EXPIRES_IN_MINUTES * 60 / 2
