@@ -18,7 +18,7 @@ def agent() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     seen: list[dict[str, Any]] = []
 
     class H(BaseHTTPRequestHandler):
-        def do_PUT(self) -> None:  # noqa: N802
+        def do_PUT(self) -> None:
             assert self.path == "/task-protection/v1/state"
             seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
             self.send_response(200)

@@ -108,7 +108,12 @@ class InvocationsApp:
         except ApiError as exc:
             return _error(400, "invalid_input", exc.message, exc.details)
         attempt = int(attrs["attempt"]) if attrs.get("attempt", "").isdigit() else 1
-        item = WorkItem(job_id=attrs.get("job_id", "sagemaker"), input=validated, attempt=attempt)
+        item = WorkItem(
+            job_id=attrs.get("job_id", "sagemaker"),
+            input=validated,
+            raw_input=data if isinstance(data, dict) else {},
+            attempt=attempt,
+        )
         try:
             with self._lock:
                 result = self.handler.predict([item])[0]
