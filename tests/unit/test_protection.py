@@ -58,3 +58,13 @@ def test_agent_failure_is_not_fatal() -> None:
     p = ScaleInProtection("http://127.0.0.1:1")
     p.set(busy=True)
     assert not p.enabled
+
+
+def test_busy_file_for_the_local_autoscaler(tmp_path: Any) -> None:
+    path = tmp_path / "w.busy"
+    p = ScaleInProtection("", str(path))
+    assert path.read_text() == "0"
+    p.set(busy=True)
+    assert path.read_text() == "1"
+    p.set(busy=False)
+    assert path.read_text() == "0"

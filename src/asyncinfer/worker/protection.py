@@ -4,6 +4,10 @@ ECS service auto scaling picks tasks to stop when it scales in; a protected task
 (ECS developer guide, "Protect your Amazon ECS tasks from being terminated by scale-in events":
 ``PUT $ECS_AGENT_URI/task-protection/v1/state`` with ``{"ProtectionEnabled": bool,
 "ExpiresInMinutes": n}``). Outside ECS (no ``ECS_AGENT_URI``) this does nothing.
+
+On the local stack the same signal goes to a file instead: with ``ASYNCINFER_BUSY_FILE`` set, the
+worker writes ``1`` (busy) or ``0`` (idle) there, and the local autoscaler never stops a worker
+whose file says ``1``.
 """
 
 from __future__ import annotations
@@ -23,18 +27,34 @@ EXPIRES_IN_MINUTES = 60
 class ScaleInProtection:
     """Turns protection on when work starts and off when the worker is idle."""
 
-    def __init__(self, agent_uri: str | None = None) -> None:
+    def __init__(self, agent_uri: str | None = None, busy_file: str | None = None) -> None:
         self.agent_uri = agent_uri if agent_uri is not None else os.environ.get("ECS_AGENT_URI")
+        self.busy_file = (
+            busy_file if busy_file is not None else os.environ.get("ASYNCINFER_BUSY_FILE")
+        )
         self.enabled = False
         self.renew_at = 0.0
+        if self.busy_file:
+            self._write_busy(False)
+
+    def _write_busy(self, busy: bool) -> None:
+        assert self.busy_file
+        tmp = f"{self.busy_file}.tmp"
+        with open(tmp, "w") as f:
+            f.write("1" if busy else "0")
+        os.replace(tmp, self.busy_file)
 
     def set(self, busy: bool) -> None:
         """Hold protection while ``busy``; release it when not. Failures are logged, never
         raised: protection is a scaling courtesy, not a condition for running jobs."""
-        if not self.agent_uri:
-            return
         now = time.monotonic()
         if busy == self.enabled and (not busy or now < self.renew_at):
+            return
+        if self.busy_file:
+            self._write_busy(busy)
+        if not self.agent_uri:
+            self.enabled = busy
+            self.renew_at = float("inf")
             return
         body = {"ProtectionEnabled": busy}
         if busy:
