@@ -47,6 +47,8 @@ class ScaleInProtection:
     def set(self, busy: bool) -> None:
         """Hold protection while ``busy``; release it when not. Failures are logged, never
         raised: protection is a scaling courtesy, not a condition for running jobs."""
+        if not self.agent_uri and not self.busy_file:
+            return
         now = time.monotonic()
         if busy == self.enabled and (not busy or now < self.renew_at):
             return
