@@ -1,0 +1,202 @@
+"""The REST API: API Gateway (REST) with API keys and a usage plan, proxying every ``/v1`` route
+to the API Lambda; ``GET /v1/health`` needs no key."""
+
+from __future__ import annotations
+
+import json
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_apigateway as apigw
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_wafv2 as wafv2
+from constructs import Construct
+
+#: API Gateway errors mapped to the contract's error body ``{"error": {"code", "message"}}``
+#: (spec "Errors"): gateway response type -> (HTTP status, error code).
+GATEWAY_ERRORS: dict[str, tuple[str, str]] = {
+    "THROTTLED": ("429", "rate_limited"),
+    "QUOTA_EXCEEDED": ("429", "rate_limited"),
+    "REQUEST_TOO_LARGE": ("413", "payload_too_large"),
+    "MISSING_AUTHENTICATION_TOKEN": ("404", "not_found"),
+    "INVALID_API_KEY": ("403", "forbidden"),
+    "DEFAULT_5XX": ("500", "internal"),
+}
+
+_ACCESS_LOG_FIELDS = {
+    "requestId": "$context.requestId",
+    "ip": "$context.identity.sourceIp",
+    "apiKeyId": "$context.identity.apiKeyId",
+    "requestTime": "$context.requestTime",
+    "httpMethod": "$context.httpMethod",
+    "resourcePath": "$context.resourcePath",
+    "path": "$context.path",
+    "status": "$context.status",
+    "responseLength": "$context.responseLength",
+    "integrationLatency": "$context.integrationLatency",
+    "latency": "$context.responseLatency",
+    "error": "$context.error.message",
+    "wafStatus": "$context.waf.status",
+}
+
+
+class JobsApi(Construct):
+    """REST API -> Lambda proxy, keys required except on ``/v1/health``.
+
+    Secure defaults: regional endpoint, API keys from the ``x-api-key`` header, a usage plan with
+    throttling (requests/s, burst) and a quota, JSON access logs, X-Ray tracing, execution logs at
+    ERROR, stage throttling as a backstop, contract-shaped gateway errors. Optionally a WAF web ACL
+    whose rule answers 413 for bodies over ``waf_max_body_kb`` (API Gateway REST APIs themselves
+    only enforce their fixed 10 MB payload limit, API Gateway quotas).
+
+    Args:
+        handler: the API Lambda.
+        throttle_rate: usage plan steady-state rate, requests/s per key.
+        throttle_burst: usage plan burst, requests.
+        quota_limit: requests per ``quota_period`` per key.
+        quota_period: ``DAY``, ``WEEK`` or ``MONTH``.
+        waf_max_body_kb: 0 for no WAF, else 1..64 KB (the most WAF inspects of a REST API body).
+        log_retention: of the access log group.
+        removal_policy: of the access log group.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        handler: lambda_.IFunction,
+        throttle_rate: float,
+        throttle_burst: int,
+        quota_limit: int,
+        quota_period: str,
+        waf_max_body_kb: int,
+        log_retention: logs.RetentionDays,
+        removal_policy: RemovalPolicy,
+    ) -> None:
+        super().__init__(scope, id)
+        self.access_logs = logs.LogGroup(
+            self, "AccessLogs", retention=log_retention, removal_policy=removal_policy
+        )
+        integration = apigw.LambdaIntegration(handler, proxy=True)
+        self.api = apigw.RestApi(
+            self,
+            "Api",
+            description="asyncinfer HTTP API v1",
+            endpoint_types=[apigw.EndpointType.REGIONAL],
+            api_key_source_type=apigw.ApiKeySourceType.HEADER,
+            cloud_watch_role=True,
+            cloud_watch_role_removal_policy=RemovalPolicy.RETAIN,
+            deploy_options=apigw.StageOptions(
+                stage_name="prod",
+                access_log_destination=apigw.LogGroupLogDestination(self.access_logs),
+                access_log_format=apigw.AccessLogFormat.custom(json.dumps(_ACCESS_LOG_FIELDS)),
+                logging_level=apigw.MethodLoggingLevel.ERROR,
+                data_trace_enabled=False,
+                metrics_enabled=True,
+                tracing_enabled=True,
+                throttling_rate_limit=max(throttle_rate * 10, 100),
+                throttling_burst_limit=max(throttle_burst * 10, 200),
+            ),
+        )
+        v1 = self.api.root.add_resource("v1")
+        health = v1.add_resource("health")
+        health.add_method("GET", integration, api_key_required=False)
+        proxy = v1.add_resource("{proxy+}")
+        proxy.add_method("ANY", integration, api_key_required=True)
+        for rtype, (status, code) in GATEWAY_ERRORS.items():
+            body = json.dumps(
+                {"error": {"code": code, "message": "MESSAGE", "details": []}}
+            ).replace('"MESSAGE"', "$context.error.messageString")
+            self.api.add_gateway_response(
+                f"Gw{rtype}",
+                type=apigw.ResponseType.of(rtype),
+                status_code=status,
+                templates={"application/json": body},
+            )
+        self.usage_plan = self.api.add_usage_plan(
+            "UsagePlan",
+            description="asyncinfer default plan (per API key = per tenant)",
+            throttle=apigw.ThrottleSettings(rate_limit=throttle_rate, burst_limit=throttle_burst),
+            quota=apigw.QuotaSettings(
+                limit=quota_limit, period=getattr(apigw.Period, quota_period)
+            ),
+            api_stages=[apigw.UsagePlanPerApiStage(api=self.api, stage=self.api.deployment_stage)],
+        )
+        self.default_key = self.api.add_api_key("DefaultKey", description="asyncinfer first tenant")
+        self.usage_plan.add_api_key(self.default_key)
+        self.web_acl: wafv2.CfnWebACL | None = None
+        if waf_max_body_kb:
+            self.web_acl = self._web_acl(waf_max_body_kb)
+
+    def _web_acl(self, max_kb: int) -> wafv2.CfnWebACL:
+        inspect_kb = next(k for k in (16, 32, 48, 64) if k >= max_kb)
+        acl = wafv2.CfnWebACL(
+            self,
+            "WebAcl",
+            scope="REGIONAL",
+            default_action=wafv2.CfnWebACL.DefaultActionProperty(allow={}),
+            visibility_config=wafv2.CfnWebACL.VisibilityConfigProperty(
+                cloud_watch_metrics_enabled=True,
+                metric_name="asyncinfer-api",
+                sampled_requests_enabled=True,
+            ),
+            association_config=wafv2.CfnWebACL.AssociationConfigProperty(
+                request_body={
+                    "API_GATEWAY": wafv2.CfnWebACL.RequestBodyAssociatedResourceTypeConfigProperty(
+                        default_size_inspection_limit=f"KB_{inspect_kb}"
+                    )
+                }
+            ),
+            custom_response_bodies={
+                "too_large": wafv2.CfnWebACL.CustomResponseBodyProperty(
+                    content_type="APPLICATION_JSON",
+                    content=json.dumps(
+                        {
+                            "error": {
+                                "code": "payload_too_large",
+                                "message": f"request body over {max_kb} KB",
+                                "details": [],
+                            }
+                        }
+                    ),
+                )
+            },
+            rules=[
+                wafv2.CfnWebACL.RuleProperty(
+                    name="body-size-limit",
+                    priority=0,
+                    action=wafv2.CfnWebACL.RuleActionProperty(
+                        block=wafv2.CfnWebACL.BlockActionProperty(
+                            custom_response=wafv2.CfnWebACL.CustomResponseProperty(
+                                response_code=413, custom_response_body_key="too_large"
+                            )
+                        )
+                    ),
+                    statement=wafv2.CfnWebACL.StatementProperty(
+                        size_constraint_statement=wafv2.CfnWebACL.SizeConstraintStatementProperty(
+                            comparison_operator="GT",
+                            size=max_kb * 1024,
+                            field_to_match=wafv2.CfnWebACL.FieldToMatchProperty(
+                                body=wafv2.CfnWebACL.BodyProperty(oversize_handling="MATCH")
+                            ),
+                            text_transformations=[
+                                wafv2.CfnWebACL.TextTransformationProperty(priority=0, type="NONE")
+                            ],
+                        )
+                    ),
+                    visibility_config=wafv2.CfnWebACL.VisibilityConfigProperty(
+                        cloud_watch_metrics_enabled=True,
+                        metric_name="asyncinfer-body-size",
+                        sampled_requests_enabled=True,
+                    ),
+                )
+            ],
+        )
+        wafv2.CfnWebACLAssociation(
+            self,
+            "WebAclAssociation",
+            resource_arn=self.api.deployment_stage.stage_arn,
+            web_acl_arn=acl.attr_arn,
+        )
+        return acl

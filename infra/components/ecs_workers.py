@@ -1,0 +1,289 @@
+"""``compute=ecs``: GPU container instances that scale to zero, one worker service per model,
+scaled on backlog per task."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from aws_cdk import Aws, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_applicationautoscaling as appscaling
+from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from infra.components.function import METRICS_NAMESPACE
+
+#: Metrics the backlog Lambda publishes each minute (namespace ``asyncinfer``, dimension Model);
+#: see :mod:`asyncinfer.backlog`.
+BACKLOG_PER_TASK = "BacklogPerTask"
+BACKLOG_WITHOUT_CAPACITY = "BacklogWithoutCapacity"
+
+
+def backlog_metric(name: str, model: str) -> cloudwatch.Metric:
+    """One of the backlog Lambda's metrics for ``model`` (1-minute average)."""
+    return cloudwatch.Metric(
+        namespace=METRICS_NAMESPACE,
+        metric_name=name,
+        dimensions_map={"Model": model},
+        period=Duration.minutes(1),
+        statistic="Average",
+    )
+
+
+class EcsWorkers(Construct):
+    """An ECS cluster on an Auto Scaling group of GPU instances (ECS GPU-optimised Amazon Linux
+    2023 AMI, min 0) behind a capacity provider with managed scaling and managed termination
+    protection, and one worker service per model (``worker --model <id>``).
+
+    Each service scales between ``min_workers`` and ``max_workers`` tasks with
+    * target tracking on ``BacklogPerTask`` = (visible + in-flight messages) / running tasks,
+      the metric of AWS's guidance for scaling on SQS (Auto Scaling user guide, "Scaling policy
+      based on Amazon SQS"), published every minute by the backlog Lambda;
+    * a step policy on ``BacklogWithoutCapacity`` (1 when there is backlog and no running task)
+      that adds one task, because target tracking cannot scale up from zero.
+
+    The network is a VPC with public subnets only (no NAT gateway cost at zero); instances get
+    public addresses and a security group without inbound rules; tasks use bridge networking.
+
+    Args:
+        image: the worker image asset (``container/``).
+        queues: model id -> job queue.
+        environment: ``ASYNCINFER_*`` settings for the container.
+        instance_type: EC2 instance type.
+        gpu: reserve one GPU per task and use the GPU AMI.
+        min_workers / max_workers: tasks per model.
+        backlog_per_worker: target of ``BacklogPerTask``, messages.
+        stop_timeout: seconds ECS waits after SIGTERM before SIGKILL (max 120).
+        memory_reservation_mib: soft memory reservation of a task.
+        log_retention / removal_policy: of the container and flow log groups.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        image: ecr_assets.DockerImageAsset,
+        queues: Mapping[str, sqs.IQueue],
+        environment: Mapping[str, str],
+        instance_type: str,
+        gpu: bool,
+        min_workers: int,
+        max_workers: int,
+        backlog_per_worker: int,
+        stop_timeout: int,
+        memory_reservation_mib: int,
+        log_retention: logs.RetentionDays,
+        removal_policy: RemovalPolicy,
+    ) -> None:
+        super().__init__(scope, id)
+        flow_logs = logs.LogGroup(
+            self, "FlowLogs", retention=log_retention, removal_policy=removal_policy
+        )
+        self.vpc = ec2.Vpc(
+            self,
+            "Vpc",
+            max_azs=2,
+            nat_gateways=0,
+            subnet_configuration=[
+                ec2.SubnetConfiguration(
+                    name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24
+                )
+            ],
+            flow_logs={
+                "all": ec2.FlowLogOptions(
+                    destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs),
+                    traffic_type=ec2.FlowLogTrafficType.REJECT,
+                )
+            },
+        )
+        self.cluster = ecs.Cluster(
+            self,
+            "Cluster",
+            vpc=self.vpc,
+            container_insights_v2=ecs.ContainerInsights.ENABLED,
+        )
+        sg = ec2.SecurityGroup(
+            self,
+            "InstanceSg",
+            vpc=self.vpc,
+            allow_all_outbound=True,
+            description="asyncinfer GPU workers: no inbound",
+        )
+        hw = ecs.AmiHardwareType.GPU if gpu else ecs.AmiHardwareType.STANDARD
+        instance_role = iam.Role(
+            self, "InstanceRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com")
+        )
+        instance_role.add_managed_policy(
+            iam.ManagedPolicy.from_aws_managed_policy_name(
+                "service-role/AmazonEC2ContainerServiceforEC2Role"
+            )
+        )
+        launch_template = ec2.LaunchTemplate(
+            self,
+            "LaunchTemplate",
+            instance_type=ec2.InstanceType(instance_type),
+            machine_image=ecs.EcsOptimizedImage.amazon_linux2023(hw),
+            user_data=ec2.UserData.for_linux(),
+            role=instance_role,
+            security_group=sg,
+            require_imdsv2=True,
+            associate_public_ip_address=True,
+            detailed_monitoring=False,
+            block_devices=[
+                ec2.BlockDevice(
+                    device_name="/dev/xvda",
+                    volume=ec2.BlockDeviceVolume.ebs(
+                        200,
+                        encrypted=True,
+                        volume_type=ec2.EbsDeviceVolumeType.GP3,
+                        delete_on_termination=True,
+                    ),
+                )
+            ],
+        )
+        n_models = len(queues)
+        self.asg = autoscaling.AutoScalingGroup(
+            self,
+            "Asg",
+            vpc=self.vpc,
+            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
+            launch_template=launch_template,
+            min_capacity=min_workers * n_models,
+            max_capacity=max_workers * n_models,
+        )
+        self.capacity_provider = ecs.AsgCapacityProvider(
+            self,
+            "CapacityProvider",
+            auto_scaling_group=self.asg,
+            enable_managed_scaling=True,
+            enable_managed_termination_protection=True,
+            enable_managed_draining=True,
+            target_capacity_percent=100,
+        )
+        self.cluster.add_asg_capacity_provider(self.capacity_provider)
+
+        self.services: dict[str, ecs.Ec2Service] = {}
+        self.task_roles: dict[str, iam.Role] = {}
+        stack = Stack.of(self)
+        for model, _queue in queues.items():
+            task_def = ecs.Ec2TaskDefinition(
+                self, f"{model}-task", network_mode=ecs.NetworkMode.BRIDGE
+            )
+            log_group = logs.LogGroup(
+                self, f"{model}-logs", retention=log_retention, removal_policy=removal_policy
+            )
+            task_def.add_container(
+                "worker",
+                image=ecs.ContainerImage.from_docker_image_asset(image),
+                command=["worker", "--model", model],
+                memory_reservation_mib=memory_reservation_mib,
+                gpu_count=1 if gpu else None,
+                stop_timeout=Duration.seconds(stop_timeout),
+                environment={**environment, "AWS_REGION": Aws.REGION, "ASYNCINFER_COMPUTE": "ecs"},
+                logging=ecs.LogDrivers.aws_logs(stream_prefix=model, log_group=log_group),
+                essential=True,
+            )
+            # Task scale-in protection from inside the task (ECS agent endpoint
+            # $ECS_AGENT_URI/task-protection/v1/state uses the task role; ECS developer guide,
+            # "Protect your Amazon ECS tasks from being terminated by scale-in events").
+            task_def.add_to_task_role_policy(
+                iam.PolicyStatement(
+                    actions=["ecs:GetTaskProtection", "ecs:UpdateTaskProtection"],
+                    resources=[
+                        stack.format_arn(
+                            service="ecs",
+                            resource="task",
+                            resource_name=f"{self.cluster.cluster_name}/*",
+                        )
+                    ],
+                )
+            )
+            service = ecs.Ec2Service(
+                self,
+                f"{model}-service",
+                cluster=self.cluster,
+                task_definition=task_def,
+                desired_count=min_workers,
+                min_healthy_percent=0,
+                max_healthy_percent=100,
+                circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
+                capacity_provider_strategies=[
+                    ecs.CapacityProviderStrategy(
+                        capacity_provider=self.capacity_provider.capacity_provider_name, weight=1
+                    )
+                ],
+                enable_ecs_managed_tags=True,
+                propagate_tags=ecs.PropagatedTagSource.SERVICE,
+            )
+            scaling = service.auto_scale_task_count(
+                min_capacity=min_workers, max_capacity=max_workers
+            )
+            scaling.scale_to_track_custom_metric(
+                "BacklogPerTask",
+                metric=backlog_metric(BACKLOG_PER_TASK, model),
+                target_value=backlog_per_worker,
+                scale_in_cooldown=Duration.minutes(5),
+                scale_out_cooldown=Duration.minutes(1),
+            )
+            scaling.scale_on_metric(
+                "ZeroToOne",
+                metric=backlog_metric(BACKLOG_WITHOUT_CAPACITY, model),
+                scaling_steps=[
+                    appscaling.ScalingInterval(upper=0, change=0),
+                    appscaling.ScalingInterval(lower=1, change=1),
+                ],
+                adjustment_type=appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
+                evaluation_periods=1,
+                cooldown=Duration.minutes(2),
+            )
+            self.services[model] = service
+            self.task_roles[model] = task_def.task_role  # type: ignore[assignment]
+
+    def grant_describe_services(self, grantee: iam.IGrantable) -> None:
+        """Allow ``ecs:DescribeServices`` on this cluster's worker services."""
+        iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["ecs:DescribeServices"],
+            resource_arns=[s.service_arn for s in self.services.values()],
+        )
+
+    def service_names_json(self) -> str:
+        """``{model: service_name}`` as JSON (``ASYNCINFER_ECS_SERVICES``)."""
+        return Stack.of(self).to_json_string({m: s.service_name for m, s in self.services.items()})
+
+
+def image_excludes() -> Sequence[str]:
+    """Paths of the repository that the worker image never needs (kept out of the asset hash and
+    the build context; ``.dockerignore`` applies too)."""
+    return [
+        ".git",
+        ".venv",
+        "node_modules",
+        "cdk.out",
+        "build",
+        "dist",
+        ".asyncinfer",
+        ".ci",
+        "tests",
+        "bench",
+        "infra",
+        "docs",
+        "lambdas",
+        "**/__pycache__",
+        "**/*.pyc",
+        ".mypy_cache",
+        ".ruff_cache",
+        ".pytest_cache",
+        "*.egg-info",
+        "package.json",
+        "package-lock.json",
+        "cdk.json",
+        "cdk.context.json",
+    ]

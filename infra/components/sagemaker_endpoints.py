@@ -1,0 +1,215 @@
+"""``compute=sagemaker``: one SageMaker asynchronous inference endpoint per model, from the same
+worker image (``serve``: GET /ping, POST /invocations on 8080), scaling to zero."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from aws_cdk import ArnFormat, Duration, Stack
+from aws_cdk import aws_applicationautoscaling as appscaling
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sagemaker as sagemaker
+from aws_cdk import aws_sns as sns
+from constructs import Construct
+
+#: Key prefixes SageMaker writes results and failures under (inside ``outputs/``, which expires).
+OUTPUT_PREFIX = "outputs/sagemaker"
+FAILURE_PREFIX = "outputs/sagemaker-failures"
+VARIANT = "AllTraffic"
+
+
+def endpoint_metric(name: str, endpoint_name: str) -> cloudwatch.Metric:
+    """An ``AWS/SageMaker`` endpoint metric (1-minute average), e.g. ``ApproximateBacklogSize``."""
+    return cloudwatch.Metric(
+        namespace="AWS/SageMaker",
+        metric_name=name,
+        dimensions_map={"EndpointName": endpoint_name},
+        period=Duration.minutes(1),
+        statistic="Average",
+    )
+
+
+def endpoint_name_for(stack_name: str, model: str) -> str:
+    """A valid, lower-case endpoint name (``^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}``)."""
+    raw = re.sub(r"[^a-z0-9]+", "-", f"{stack_name}-{model}".lower()).strip("-")
+    return raw[:63].rstrip("-")
+
+
+class SageMakerEndpoints(Construct):
+    """Per model: a SageMaker model (the worker image, ``ASYNCINFER_MODELS=<id>``), an endpoint
+    config with ``AsyncInferenceConfig`` (S3OutputPath, S3FailurePath, success and error SNS
+    topics, MaxConcurrentInvocationsPerInstance) and an endpoint.
+
+    Scaling follows the SageMaker developer guide ("Autoscale an asynchronous endpoint"):
+    MinCapacity 0; target tracking on ``ApproximateBacklogSizePerInstance``; a step policy on
+    ``HasBacklogWithoutCapacity`` that adds one instance when requests wait and none runs. No
+    policy uses ``InvocationsPerInstance``, which async endpoints do not publish.
+
+    Args:
+        image: the worker image asset.
+        models: model ids.
+        bucket: data bucket (inputs read, outputs and failures written).
+        success_topic / error_topic: SageMaker notification topics.
+        environment: ``ASYNCINFER_*`` settings for the container.
+        instance_type: SageMaker instance type (``ml.`` prefix).
+        max_workers: most instances per endpoint.
+        backlog_per_worker: target of ApproximateBacklogSizePerInstance.
+        max_concurrent_invocations: MaxConcurrentInvocationsPerInstance (1..1000).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        image: ecr_assets.DockerImageAsset,
+        models: list[str],
+        bucket: s3.IBucket,
+        success_topic: sns.ITopic,
+        error_topic: sns.ITopic,
+        environment: Mapping[str, str],
+        instance_type: str,
+        max_workers: int,
+        backlog_per_worker: int,
+        max_concurrent_invocations: int,
+    ) -> None:
+        super().__init__(scope, id)
+        stack = Stack.of(self)
+        self.role = iam.Role(
+            self,
+            "ExecutionRole",
+            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            description="asyncinfer SageMaker async endpoints",
+        )
+        image.repository.grant_pull(self.role)
+        bucket.grant_read(self.role, "inputs/*")
+        bucket.grant_put(self.role, "outputs/*")
+        success_topic.grant_publish(self.role)
+        error_topic.grant_publish(self.role)
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "logs:CreateLogGroup",
+                    "logs:CreateLogStream",
+                    "logs:PutLogEvents",
+                    "logs:DescribeLogStreams",
+                ],
+                resources=[
+                    stack.format_arn(
+                        service="logs",
+                        resource="log-group",
+                        resource_name="/aws/sagemaker/Endpoints/*",
+                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                    )
+                ],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["cloudwatch:PutMetricData"],
+                resources=["*"],
+                conditions={
+                    "StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*", "asyncinfer"]}
+                },
+            )
+        )
+        self.endpoint_names: dict[str, str] = {}
+        self.endpoints: dict[str, sagemaker.CfnEndpoint] = {}
+        for model in models:
+            name = endpoint_name_for(stack.stack_name, model)
+            cfn_model = sagemaker.CfnModel(
+                self,
+                f"{model}-model",
+                execution_role_arn=self.role.role_arn,
+                primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
+                    image=image.image_uri,
+                    environment={
+                        **environment,
+                        "ASYNCINFER_MODELS": model,
+                        "ASYNCINFER_COMPUTE": "sagemaker",
+                    },
+                ),
+            )
+            cfn_model.node.add_dependency(self.role)
+            config = sagemaker.CfnEndpointConfig(
+                self,
+                f"{model}-config",
+                production_variants=[
+                    sagemaker.CfnEndpointConfig.ProductionVariantProperty(
+                        variant_name=VARIANT,
+                        model_name=cfn_model.attr_model_name,
+                        initial_instance_count=1,
+                        instance_type=instance_type,
+                        initial_variant_weight=1,
+                    )
+                ],
+                async_inference_config=sagemaker.CfnEndpointConfig.AsyncInferenceConfigProperty(
+                    output_config=sagemaker.CfnEndpointConfig.AsyncInferenceOutputConfigProperty(
+                        s3_output_path=f"s3://{bucket.bucket_name}/{OUTPUT_PREFIX}/{model}/",
+                        s3_failure_path=f"s3://{bucket.bucket_name}/{FAILURE_PREFIX}/{model}/",
+                        notification_config=sagemaker.CfnEndpointConfig.AsyncInferenceNotificationConfigProperty(
+                            success_topic=success_topic.topic_arn,
+                            error_topic=error_topic.topic_arn,
+                        ),
+                    ),
+                    client_config=sagemaker.CfnEndpointConfig.AsyncInferenceClientConfigProperty(
+                        max_concurrent_invocations_per_instance=max_concurrent_invocations
+                    ),
+                ),
+            )
+            endpoint = sagemaker.CfnEndpoint(
+                self,
+                f"{model}-endpoint",
+                endpoint_name=name,
+                endpoint_config_name=config.attr_endpoint_config_name,
+            )
+            target = appscaling.ScalableTarget(
+                self,
+                f"{model}-scaling",
+                service_namespace=appscaling.ServiceNamespace.SAGEMAKER,
+                resource_id=f"endpoint/{name}/variant/{VARIANT}",
+                scalable_dimension="sagemaker:variant:DesiredInstanceCount",
+                min_capacity=0,
+                max_capacity=max_workers,
+            )
+            target.node.add_dependency(endpoint)
+            target.scale_to_track_metric(
+                "BacklogPerInstance",
+                target_value=backlog_per_worker,
+                custom_metric=endpoint_metric("ApproximateBacklogSizePerInstance", name),
+                scale_in_cooldown=Duration.minutes(5),
+                scale_out_cooldown=Duration.minutes(1),
+            )
+            target.scale_on_metric(
+                "ZeroToOne",
+                metric=endpoint_metric("HasBacklogWithoutCapacity", name),
+                scaling_steps=[
+                    appscaling.ScalingInterval(upper=0, change=0),
+                    appscaling.ScalingInterval(lower=0.5, change=1),
+                ],
+                adjustment_type=appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
+                evaluation_periods=1,
+                cooldown=Duration.minutes(2),
+            )
+            self.endpoint_names[model] = name
+            self.endpoints[model] = endpoint
+
+    def grant_invoke_async(self, grantee: iam.IGrantable) -> None:
+        """Allow ``sagemaker:InvokeEndpointAsync`` on these endpoints."""
+        stack = Stack.of(self)
+        iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["sagemaker:InvokeEndpointAsync"],
+            resource_arns=[
+                stack.format_arn(service="sagemaker", resource="endpoint", resource_name=n)
+                for n in self.endpoint_names.values()
+            ],
+        )
+
+    def endpoint_names_json(self) -> str:
+        """``{model: endpoint_name}`` as JSON (``ASYNCINFER_SAGEMAKER_ENDPOINTS``)."""
+        return Stack.of(self).to_json_string(self.endpoint_names)

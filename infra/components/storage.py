@@ -1,0 +1,97 @@
+"""The job table and the data bucket."""
+
+from __future__ import annotations
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+#: Table design of :mod:`asyncinfer.store` (partition key, GSI, TTL attribute).
+PARTITION_KEY = "job_id"
+TENANT_INDEX = "tenant-index"
+TTL_ATTRIBUTE = "ttl"
+#: Key prefixes of the bucket (:mod:`asyncinfer` writes inputs and outputs under these).
+EXPIRING_PREFIXES = ("inputs/", "outputs/")
+
+
+class JobTable(Construct):
+    """The DynamoDB table of job records: on-demand, TTL on ``ttl``, point-in-time recovery,
+    AWS-owned-key encryption, GSI ``tenant-index`` (``tenant`` S / ``job_id`` S, projection ALL).
+
+    Args:
+        removal_policy: RETAIN keeps the records when the stack is deleted.
+    """
+
+    def __init__(self, scope: Construct, id: str, *, removal_policy: RemovalPolicy) -> None:
+        super().__init__(scope, id)
+        self.table = dynamodb.Table(
+            self,
+            "Table",
+            partition_key=dynamodb.Attribute(
+                name=PARTITION_KEY, type=dynamodb.AttributeType.STRING
+            ),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            time_to_live_attribute=TTL_ATTRIBUTE,
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            encryption=dynamodb.TableEncryption.AWS_MANAGED,
+            deletion_protection=removal_policy == RemovalPolicy.RETAIN,
+            removal_policy=removal_policy,
+        )
+        self.table.add_global_secondary_index(
+            index_name=TENANT_INDEX,
+            partition_key=dynamodb.Attribute(name="tenant", type=dynamodb.AttributeType.STRING),
+            sort_key=dynamodb.Attribute(name=PARTITION_KEY, type=dynamodb.AttributeType.STRING),
+            projection_type=dynamodb.ProjectionType.ALL,
+        )
+
+
+class DataBucket(Construct):
+    """The S3 bucket of large inputs and outputs: SSE-S3, block public access, TLS-only policy,
+    objects owned by the bucket owner, server access logs to a second bucket, and expiry of
+    ``inputs/`` and ``outputs/`` after ``expiry_days`` (plus cleanup of incomplete multipart
+    uploads after one day).
+
+    Args:
+        expiry_days: days after creation that objects under the expiring prefixes are deleted.
+        removal_policy: RETAIN keeps the buckets when the stack is deleted.
+    """
+
+    def __init__(
+        self, scope: Construct, id: str, *, expiry_days: int, removal_policy: RemovalPolicy
+    ) -> None:
+        super().__init__(scope, id)
+        common = {
+            "encryption": s3.BucketEncryption.S3_MANAGED,
+            "block_public_access": s3.BlockPublicAccess.BLOCK_ALL,
+            "enforce_ssl": True,
+            "object_ownership": s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            "removal_policy": removal_policy,
+        }
+        self.access_logs = s3.Bucket(
+            self,
+            "AccessLogs",
+            lifecycle_rules=[s3.LifecycleRule(id="expire-logs", expiration=Duration.days(90))],
+            **common,  # type: ignore[arg-type]
+        )
+        rules = [
+            s3.LifecycleRule(
+                id=f"expire-{p.rstrip('/')}", prefix=p, expiration=Duration.days(expiry_days)
+            )
+            for p in EXPIRING_PREFIXES
+        ]
+        rules.append(
+            s3.LifecycleRule(
+                id="abort-multipart", abort_incomplete_multipart_upload_after=Duration.days(1)
+            )
+        )
+        self.bucket = s3.Bucket(
+            self,
+            "Bucket",
+            server_access_logs_bucket=self.access_logs,
+            server_access_logs_prefix="data/",
+            lifecycle_rules=rules,
+            **common,  # type: ignore[arg-type]
+        )

@@ -1,0 +1,72 @@
+"""Lambda code assets assembled from the repository by a plain local step at synth time: no
+Docker, no pip download. Each asset directory holds
+
+* ``asyncinfer/``: the shared package from ``src/`` (without caches);
+* the ``ulid`` package (python-ulid; pure Python) copied from the current environment, because the
+  Powertools layer does not ship it;
+* the files of ``lambdas/<name>/`` at the top level, so the handler is ``app.handler``.
+
+Powertools, pydantic and the X-Ray SDK come from the published Powertools Lambda layer; boto3
+from the Lambda runtime.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import shutil
+import tempfile
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".mypy_cache", ".ruff_cache")
+_staged: dict[str, Path] = {}
+_root: Path | None = None
+
+
+def _staging_root() -> Path:
+    global _root
+    if _root is None:
+        _root = Path(tempfile.mkdtemp(prefix="asyncinfer-lambda-"))
+        atexit.register(shutil.rmtree, _root, True)
+    return _root
+
+
+def _package_dir(module: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            f"package {module!r} is not installed in this environment; the Lambda asset needs it "
+            "(install the project's dependencies first)"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def stage_lambda_code(name: str, *, vendored: tuple[str, ...] = ("ulid",)) -> str:
+    """Assemble the code directory of ``lambdas/<name>`` and return its path.
+
+    Args:
+        name: a folder under ``lambdas/`` holding ``app.py`` (the entry point ``app.handler``).
+        vendored: importable packages copied from the current environment into the asset.
+
+    The directory is built once per process; CDK fingerprints its content, so the asset hash
+    changes only when the code does.
+    """
+    if name in _staged:
+        return str(_staged[name])
+    src = REPO_ROOT / "lambdas" / name
+    if not src.is_dir():
+        raise FileNotFoundError(f"no Lambda source folder {src}")
+    out = _staging_root() / name
+    shutil.copytree(REPO_ROOT / "src" / "asyncinfer", out / "asyncinfer", ignore=_IGNORE)
+    for module in vendored:
+        shutil.copytree(_package_dir(module), out / module, ignore=_IGNORE)
+    for item in sorted(src.iterdir()):
+        if item.name in ("__pycache__",) or item.suffix in (".pyc",):
+            continue
+        if item.is_dir():
+            shutil.copytree(item, out / item.name, ignore=_IGNORE)
+        else:
+            shutil.copy2(item, out / item.name)
+    _staged[name] = out
+    return str(out)

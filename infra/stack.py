@@ -1,0 +1,304 @@
+"""The asyncinfer stack: API -> queues -> compute (ECS or SageMaker) -> table, bucket, events.
+
+Boundaries, top to bottom:
+
+* data: :class:`~infra.components.storage.JobTable`, :class:`~infra.components.storage.DataBucket`,
+  the events topic;
+* intake: per-model queues and DLQs, the REST API and its Lambda, the DLQ handler;
+* compute: :class:`~infra.components.ecs_workers.EcsWorkers` plus the backlog metric Lambda, or
+  :class:`~infra.components.sagemaker_endpoints.SageMakerEndpoints` plus the bridge and
+  completion Lambdas;
+* observability: :class:`~infra.components.monitoring.Monitoring`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import CfnOutput, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_event_sources as sources
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subs
+from constructs import Construct
+
+from infra.components.api import JobsApi
+from infra.components.ecs_workers import EcsWorkers, image_excludes
+from infra.components.function import METRICS_NAMESPACE, PythonFunction, powertools_layer_arn
+from infra.components.messaging import EncryptedTopics, ModelQueues
+from infra.components.monitoring import Monitoring
+from infra.components.sagemaker_endpoints import SageMakerEndpoints, endpoint_metric
+from infra.components.storage import DataBucket, JobTable
+from infra.config import LOG_RETENTION_DAYS, REPO_ROOT, DeployConfig
+from infra.nag import add_suppressions
+
+#: Timeout of the API Lambda: API Gateway's integration timeout is 29 s (``?wait`` holds <= 20 s).
+API_TIMEOUT = Duration.seconds(29)
+#: Worker soft memory reservation, MiB (fits a 16 GiB g4dn/g5 xlarge next to the ECS agent).
+WORKER_MEMORY_MIB = 8192
+
+
+class AsyncInferStack(Stack):
+    """Everything ``cdk deploy`` stands up for one ``DeployConfig``.
+
+    Args:
+        config: validated deployment settings.
+        kwargs: passed to :class:`aws_cdk.Stack` (env, stack name, ...).
+    """
+
+    def __init__(self, scope: Construct, id: str, *, config: DeployConfig, **kwargs: Any) -> None:
+        super().__init__(scope, id, **kwargs)
+        self.config = config
+        cfg = config
+        models = list(cfg.models)
+        removal = RemovalPolicy.RETAIN if cfg.retain_data else RemovalPolicy.DESTROY
+        retention = _retention(cfg.log_retention_days)
+        layer = lambda_.LayerVersion.from_layer_version_arn(
+            self, "Powertools", powertools_layer_arn(cfg.powertools_layer_version)
+        )
+
+        # ---------------------------------------------------------------- data
+        self.table = JobTable(self, "Jobs", removal_policy=removal).table
+        self.bucket = DataBucket(
+            self, "Data", expiry_days=cfg.object_expiry_days, removal_policy=removal
+        ).bucket
+        topics = EncryptedTopics(self, "Topics")
+        self.events_topic = topics.topic("Events", display_name="asyncinfer job events")
+
+        # ---------------------------------------------------------------- intake
+        self.queues = ModelQueues(
+            self,
+            "Queues",
+            models=models,
+            visibility_timeout=Duration.seconds(cfg.visibility_timeout),
+            max_receive_count=cfg.max_receive_count,
+            dlq_visibility_timeout=Duration.seconds(6 * cfg.dlq_handler_timeout),
+        )
+        env = {
+            "ASYNCINFER_TABLE": self.table.table_name,
+            "ASYNCINFER_BUCKET": self.bucket.bucket_name,
+            "ASYNCINFER_TOPIC_ARN": self.events_topic.topic_arn,
+            "ASYNCINFER_QUEUE_URLS": self.queues.queue_urls_json(),
+            "ASYNCINFER_MODELS": ",".join(models),
+            "ASYNCINFER_MAX_RECEIVE_COUNT": str(cfg.max_receive_count),
+            "ASYNCINFER_VISIBILITY_TIMEOUT": str(cfg.visibility_timeout),
+            "ASYNCINFER_HEARTBEAT_SECONDS": f"{cfg.effective_heartbeat:g}",
+            "ASYNCINFER_RECORD_RETENTION": str(cfg.record_retention_days * 86400),
+            "ASYNCINFER_COMPUTE": cfg.compute,
+        }
+        fn_common: dict[str, Any] = {
+            "layer": layer,
+            "log_retention": retention,
+            "removal_policy": RemovalPolicy.DESTROY,
+        }
+        self.api_fn = PythonFunction(
+            self,
+            "ApiFn",
+            code="api",
+            service="api",
+            environment=env,
+            timeout=API_TIMEOUT,
+            memory_mib=512,
+            description="asyncinfer REST API",
+            **fn_common,
+        ).function
+        self.table.grant_read_write_data(self.api_fn)
+        self.bucket.grant_read_write(self.api_fn)
+        self.events_topic.grant_publish(self.api_fn)
+        for q in self.queues.queues.values():
+            q.grant_send_messages(self.api_fn)
+        self.api = JobsApi(
+            self,
+            "Http",
+            handler=self.api_fn,
+            throttle_rate=cfg.throttle_rate,
+            throttle_burst=cfg.throttle_burst,
+            quota_limit=cfg.quota_limit,
+            quota_period=cfg.quota_period,
+            waf_max_body_kb=cfg.waf_max_body_kb,
+            log_retention=retention,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+
+        self.dlq_fn = PythonFunction(
+            self,
+            "DlqFn",
+            code="dlq",
+            service="dlq",
+            environment=env,
+            timeout=Duration.seconds(cfg.dlq_handler_timeout),
+            description="asyncinfer dead-letter handler",
+            **fn_common,
+        ).function
+        self.table.grant_read_write_data(self.dlq_fn)
+        self.bucket.grant_read(self.dlq_fn)
+        self.events_topic.grant_publish(self.dlq_fn)
+        for dlq in self.queues.dlqs.values():
+            self.dlq_fn.add_event_source(
+                sources.SqsEventSource(dlq, batch_size=10, report_batch_item_failures=True)
+            )
+
+        # ---------------------------------------------------------------- compute
+        image = ecr_assets.DockerImageAsset(
+            self,
+            "WorkerImage",
+            directory=str(REPO_ROOT),
+            file=cfg.worker_dockerfile,
+            exclude=list(image_excludes()),
+            platform=ecr_assets.Platform.LINUX_AMD64,
+        )
+        workers_metric: dict[str, cloudwatch.IMetric]
+        if cfg.compute == "ecs":
+            worker_env = {**env, "ASYNCINFER_DRAIN_SECONDS": str(cfg.drain_seconds)}
+            self.ecs = EcsWorkers(
+                self,
+                "Ecs",
+                image=image,
+                queues=self.queues.queues,
+                environment=worker_env,
+                instance_type=cfg.ec2_instance_type,
+                gpu=cfg.gpu,
+                min_workers=cfg.min_workers,
+                max_workers=cfg.max_workers,
+                backlog_per_worker=cfg.backlog_per_worker,
+                stop_timeout=cfg.stop_timeout,
+                memory_reservation_mib=WORKER_MEMORY_MIB,
+                log_retention=retention,
+                removal_policy=RemovalPolicy.DESTROY,
+            )
+            for model, role in self.ecs.task_roles.items():
+                q = self.queues.queues[model]
+                q.grant_consume_messages(role)
+                q.grant_send_messages(role)
+                self.table.grant_read_write_data(role)
+                self.bucket.grant_read_write(role)
+                self.events_topic.grant_publish(role)
+            self.backlog_fn = PythonFunction(
+                self,
+                "BacklogFn",
+                code="backlog_metric",
+                service="backlog-metric",
+                environment={
+                    "ASYNCINFER_QUEUE_URLS": self.queues.queue_urls_json(),
+                    "ASYNCINFER_MODELS": ",".join(models),
+                    "ASYNCINFER_ECS_CLUSTER": self.ecs.cluster.cluster_name,
+                    "ASYNCINFER_ECS_SERVICES": self.ecs.service_names_json(),
+                },
+                timeout=Duration.seconds(30),
+                description="asyncinfer backlog-per-task metric (every minute)",
+                **fn_common,
+            ).function
+            for q in self.queues.queues.values():
+                q.grant(self.backlog_fn, "sqs:GetQueueAttributes")
+            self.ecs.grant_describe_services(self.backlog_fn)
+            events.Rule(
+                self,
+                "BacklogSchedule",
+                schedule=events.Schedule.rate(Duration.minutes(1)),
+                targets=[targets.LambdaFunction(self.backlog_fn, retry_attempts=0)],
+            )
+            workers_metric = {
+                m: cloudwatch.Metric(
+                    namespace=METRICS_NAMESPACE,
+                    metric_name="RunningTasks",
+                    dimensions_map={"Model": m},
+                    period=Duration.minutes(1),
+                    statistic="Maximum",
+                )
+                for m in models
+            }
+        else:
+            success = topics.topic("SageMakerSuccess", display_name="asyncinfer SageMaker success")
+            error = topics.topic("SageMakerError", display_name="asyncinfer SageMaker errors")
+            self.sagemaker = SageMakerEndpoints(
+                self,
+                "SageMaker",
+                image=image,
+                models=models,
+                bucket=self.bucket,
+                success_topic=success,
+                error_topic=error,
+                environment=env,
+                instance_type=cfg.sagemaker_instance_type,
+                max_workers=cfg.max_workers,
+                backlog_per_worker=cfg.backlog_per_worker,
+                max_concurrent_invocations=cfg.sagemaker_max_concurrent_invocations,
+            )
+            sm_env = {**env, "ASYNCINFER_SAGEMAKER_ENDPOINTS": self.sagemaker.endpoint_names_json()}
+            self.bridge_fn = PythonFunction(
+                self,
+                "BridgeFn",
+                code="sagemaker_bridge",
+                service="sagemaker-bridge",
+                environment=sm_env,
+                timeout=Duration.seconds(cfg.bridge_timeout),
+                description="asyncinfer SQS -> SageMaker InvokeEndpointAsync",
+                **fn_common,
+            ).function
+            self.sagemaker.grant_invoke_async(self.bridge_fn)
+            self.table.grant_read_write_data(self.bridge_fn)
+            self.bucket.grant_read_write(self.bridge_fn, "inputs/*")
+            self.events_topic.grant_publish(self.bridge_fn)
+            for q in self.queues.queues.values():
+                self.bridge_fn.add_event_source(
+                    sources.SqsEventSource(q, batch_size=10, report_batch_item_failures=True)
+                )
+            self.completion_fn = PythonFunction(
+                self,
+                "CompletionFn",
+                code="sagemaker_completion",
+                service="sagemaker-completion",
+                environment=sm_env,
+                timeout=Duration.seconds(60),
+                description="asyncinfer SageMaker notifications -> job records and events",
+                **fn_common,
+            ).function
+            self.table.grant_read_write_data(self.completion_fn)
+            self.bucket.grant_read(self.completion_fn, "outputs/*")
+            self.events_topic.grant_publish(self.completion_fn)
+            for t in (success, error):
+                t.add_subscription(subs.LambdaSubscription(self.completion_fn))
+            workers_metric = {
+                m: endpoint_metric("ApproximateBacklogSizePerInstance", n)
+                for m, n in self.sagemaker.endpoint_names.items()
+            }
+
+        # ---------------------------------------------------------------- observability
+        alarm_topic: sns.ITopic | None = None
+        if cfg.alarm_email:
+            alarm_topic = topics.topic("Alarms", display_name="asyncinfer alarms")
+            alarm_topic.add_subscription(subs.EmailSubscription(cfg.alarm_email))
+        self.monitoring = Monitoring(
+            self,
+            "Monitoring",
+            queues=self.queues.queues,
+            dlqs=self.queues.dlqs,
+            workers_metric=workers_metric,
+            alarm_topic=alarm_topic,
+            oldest_message_seconds=cfg.oldest_message_alarm_seconds,
+            failure_rate_percent=cfg.failure_rate_alarm_percent,
+        )
+
+        CfnOutput(self, "ApiUrl", value=self.api.api.url_for_path("/v1"))
+        CfnOutput(self, "ApiKeyId", value=self.api.default_key.key_id)
+        CfnOutput(self, "EventsTopicArn", value=self.events_topic.topic_arn)
+        CfnOutput(self, "TableName", value=self.table.table_name)
+        CfnOutput(self, "BucketName", value=self.bucket.bucket_name)
+        CfnOutput(self, "QueueUrls", value=self.queues.queue_urls_json())
+        add_suppressions(
+            self,
+            table=self.table,
+            bucket=self.bucket,
+            cluster=self.ecs.cluster if cfg.compute == "ecs" else None,
+        )
+
+
+def _retention(days: int) -> logs.RetentionDays:
+    """The ``RetentionDays`` member whose value is ``days`` (validated by the config)."""
+    members = [m for m in logs.RetentionDays if m is not logs.RetentionDays.INFINITE]
+    return dict(zip(LOG_RETENTION_DAYS, members, strict=True))[days]

@@ -1,0 +1,23 @@
+"""Scheduled every minute (EventBridge): publish backlog-per-task metrics for ECS scaling.
+Logic: :mod:`asyncinfer.backlog`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools import Logger, Tracer
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from asyncinfer.backlog import BacklogConfig, publish_backlog_metrics
+
+logger = Logger()
+tracer = Tracer()
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """Measure every model's queue and service; print the metrics as EMF; return them."""
+    points = publish_backlog_metrics(BacklogConfig.from_env())
+    logger.info("backlog", extra={"models": points})
+    return {"models": points}

@@ -1,0 +1,229 @@
+"""Properties every deployment has (both compute modes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk.assertions import Match
+
+from asyncinfer.models.registry import MODELS
+
+
+def _policy_statements(s: Any, rtype: str) -> list[dict[str, Any]]:
+    out = []
+    for p in s.props(rtype):
+        doc = p.get("PolicyDocument", {})
+        out.extend(doc.get("Statement", []))
+    return out
+
+
+def _denies_insecure_transport(statements: list[dict[str, Any]]) -> bool:
+    return any(
+        st.get("Effect") == "Deny"
+        and st.get("Condition", {}).get("Bool", {}).get("aws:SecureTransport") == "false"
+        for st in statements
+    )
+
+
+def test_table_matches_the_store_design(any_mode: Any) -> None:
+    any_mode.assertions.resource_count_is("AWS::DynamoDB::Table", 1)
+    any_mode.assertions.has_resource_properties(
+        "AWS::DynamoDB::Table",
+        {
+            "KeySchema": [{"AttributeName": "job_id", "KeyType": "HASH"}],
+            "BillingMode": "PAY_PER_REQUEST",
+            "TimeToLiveSpecification": {"AttributeName": "ttl", "Enabled": True},
+            "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
+            "SSESpecification": {"SSEEnabled": True},
+            "GlobalSecondaryIndexes": [
+                {
+                    "IndexName": "tenant-index",
+                    "KeySchema": [
+                        {"AttributeName": "tenant", "KeyType": "HASH"},
+                        {"AttributeName": "job_id", "KeyType": "RANGE"},
+                    ],
+                    "Projection": {"ProjectionType": "ALL"},
+                }
+            ],
+        },
+    )
+
+
+def test_table_and_bucket_are_retained_by_default(any_mode: Any) -> None:
+    any_mode.assertions.has_resource("AWS::DynamoDB::Table", {"DeletionPolicy": "Retain"})
+    any_mode.assertions.has_resource("AWS::S3::Bucket", {"DeletionPolicy": "Retain"})
+
+
+def test_data_bucket_is_private_encrypted_and_expires_inputs_and_outputs(any_mode: Any) -> None:
+    any_mode.assertions.has_resource_properties(
+        "AWS::S3::Bucket",
+        {
+            "BucketEncryption": {
+                "ServerSideEncryptionConfiguration": [
+                    {"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}
+                ]
+            },
+            "PublicAccessBlockConfiguration": {
+                "BlockPublicAcls": True,
+                "BlockPublicPolicy": True,
+                "IgnorePublicAcls": True,
+                "RestrictPublicBuckets": True,
+            },
+            "LoggingConfiguration": Match.any_value(),
+            "LifecycleConfiguration": {
+                "Rules": Match.array_with(
+                    [
+                        Match.object_like(
+                            {"Prefix": "inputs/", "ExpirationInDays": 7, "Status": "Enabled"}
+                        ),
+                        Match.object_like(
+                            {"Prefix": "outputs/", "ExpirationInDays": 7, "Status": "Enabled"}
+                        ),
+                    ]
+                )
+            },
+        },
+    )
+    for p in any_mode.props("AWS::S3::Bucket"):
+        assert p["PublicAccessBlockConfiguration"]["BlockPublicPolicy"] is True
+    assert _denies_insecure_transport(_policy_statements(any_mode, "AWS::S3::BucketPolicy"))
+    assert len(any_mode.props("AWS::S3::BucketPolicy")) == len(any_mode.props("AWS::S3::Bucket"))
+
+
+def test_one_queue_and_one_dlq_per_model(any_mode: Any) -> None:
+    queues = any_mode.props("AWS::SQS::Queue")
+    assert len(queues) == 2 * len(MODELS)
+    main = [q for q in queues if "RedrivePolicy" in q]
+    assert len(main) == len(MODELS)
+    for q in main:
+        assert q["RedrivePolicy"]["maxReceiveCount"] == 3
+        assert q["VisibilityTimeout"] == 120
+        assert q["ReceiveMessageWaitTimeSeconds"] == 20
+    for q in queues:
+        assert q["SqsManagedSseEnabled"] is True
+
+
+def test_every_queue_policy_denies_plain_http(any_mode: Any) -> None:
+    policies = any_mode.props("AWS::SQS::QueuePolicy")
+    assert sum(len(p["Queues"]) for p in policies) == 2 * len(MODELS)
+    for p in policies:
+        assert _denies_insecure_transport(p["PolicyDocument"]["Statement"])
+
+
+def test_topics_are_kms_encrypted_and_tls_only(any_mode: Any) -> None:
+    topics = any_mode.props("AWS::SNS::Topic")
+    assert topics
+    for t in topics:
+        assert "KmsMasterKeyId" in t
+    any_mode.assertions.has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
+    assert _denies_insecure_transport(_policy_statements(any_mode, "AWS::SNS::TopicPolicy"))
+    assert sum(len(p["Topics"]) for p in any_mode.props("AWS::SNS::TopicPolicy")) == len(topics)
+
+
+def test_health_needs_no_key_and_everything_else_does(any_mode: Any) -> None:
+    methods = any_mode.props("AWS::ApiGateway::Method")
+    by_method = {m["HttpMethod"]: m for m in methods}
+    assert set(by_method) == {"GET", "ANY"}
+    assert by_method["GET"]["ApiKeyRequired"] is False
+    assert by_method["ANY"]["ApiKeyRequired"] is True
+    paths = {r["PathPart"] for r in any_mode.props("AWS::ApiGateway::Resource")}
+    assert paths == {"v1", "health", "{proxy+}"}
+    for m in methods:
+        assert m["Integration"]["Type"] == "AWS_PROXY"
+
+
+def test_usage_plan_throttles_and_has_a_quota(any_mode: Any) -> None:
+    any_mode.assertions.has_resource_properties(
+        "AWS::ApiGateway::UsagePlan",
+        {
+            "Throttle": {"RateLimit": 50, "BurstLimit": 100},
+            "Quota": {"Limit": 100000, "Period": "DAY"},
+            "ApiStages": Match.any_value(),
+        },
+    )
+    any_mode.assertions.resource_count_is("AWS::ApiGateway::ApiKey", 1)
+    any_mode.assertions.resource_count_is("AWS::ApiGateway::UsagePlanKey", 1)
+
+
+def test_stage_has_access_logs_tracing_and_throttling(any_mode: Any) -> None:
+    stage = any_mode.props("AWS::ApiGateway::Stage")[0]
+    assert "DestinationArn" in stage["AccessLogSetting"]
+    assert "$context.identity.apiKeyId" in stage["AccessLogSetting"]["Format"]
+    assert stage["TracingEnabled"] is True
+    settings = stage["MethodSettings"][0]
+    assert settings["LoggingLevel"] == "ERROR"
+    assert settings["ThrottlingRateLimit"] > 0
+
+
+def test_gateway_errors_use_the_contract_error_shape(any_mode: Any) -> None:
+    responses = {r["ResponseType"]: r for r in any_mode.props("AWS::ApiGateway::GatewayResponse")}
+    assert responses["THROTTLED"]["StatusCode"] == "429"
+    assert responses["QUOTA_EXCEEDED"]["StatusCode"] == "429"
+    assert responses["REQUEST_TOO_LARGE"]["StatusCode"] == "413"
+    body = responses["REQUEST_TOO_LARGE"]["ResponseTemplates"]["application/json"]
+    assert '"code": "payload_too_large"' in body
+
+
+def test_lambdas_use_powertools_layer_tracing_and_settings(any_mode: Any) -> None:
+    fns = [f for f in any_mode.props("AWS::Lambda::Function") if f.get("Handler") == "app.handler"]
+    assert len(fns) >= 3
+    for f in fns:
+        assert f["Runtime"] == "python3.12"
+        assert f["TracingConfig"] == {"Mode": "Active"}
+        layer = any_mode.stack.resolve(f["Layers"][0]) if f.get("Layers") else None
+        assert "AWSLambdaPowertoolsPythonV3-python312-arm64" in str(layer)
+        env = f["Environment"]["Variables"]
+        assert env["POWERTOOLS_SERVICE_NAME"]
+        assert env["POWERTOOLS_METRICS_NAMESPACE"] == "asyncinfer"
+        assert "ASYNCINFER_QUEUE_URLS" in env
+    api = next(f for f in fns if f["Environment"]["Variables"]["POWERTOOLS_SERVICE_NAME"] == "api")
+    for var in (
+        "ASYNCINFER_TABLE",
+        "ASYNCINFER_BUCKET",
+        "ASYNCINFER_TOPIC_ARN",
+        "ASYNCINFER_MODELS",
+        "ASYNCINFER_MAX_RECEIVE_COUNT",
+        "ASYNCINFER_VISIBILITY_TIMEOUT",
+    ):
+        assert var in api["Environment"]["Variables"]
+    assert api["Timeout"] == 29
+
+
+def test_dlq_handler_reads_every_dlq_with_partial_batch_failures(any_mode: Any) -> None:
+    mappings = any_mode.props("AWS::Lambda::EventSourceMapping")
+    dlq_fn = [m for m in mappings if "DlqFn" in str(m["FunctionName"])]
+    assert len(dlq_fn) == len(MODELS)
+    for m in dlq_fn:
+        assert m["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+
+
+def test_sqs_triggered_lambdas_fit_their_queue_visibility(any_mode: Any) -> None:
+    """Lambda guidance: queue visibility timeout >= 6 x function timeout."""
+    t = any_mode.template["Resources"]
+    for m in any_mode.props("AWS::Lambda::EventSourceMapping"):
+        fn = t[m["FunctionName"]["Ref"]]["Properties"]
+        queue = t[m["EventSourceArn"]["Fn::GetAtt"][0]]["Properties"]
+        assert queue["VisibilityTimeout"] >= 6 * fn["Timeout"]
+
+
+def test_alarms_per_model(any_mode: Any) -> None:
+    alarms = any_mode.props("AWS::CloudWatch::Alarm")
+    descriptions = " ".join(a.get("AlarmDescription", "") for a in alarms)
+    for model in MODELS:
+        assert f"{model}: messages in the dead-letter queue" in descriptions
+        assert f"{model}: a job waited over 900 s" in descriptions
+        assert f"{model}: over 10.0% of jobs failed" in descriptions
+    oldest = [a for a in alarms if a.get("MetricName") == "ApproximateAgeOfOldestMessage"]
+    assert oldest and all(a["Threshold"] == 900 for a in oldest)
+    any_mode.assertions.resource_count_is("AWS::CloudWatch::Dashboard", 1)
+
+
+def test_lambda_log_groups_have_retention(any_mode: Any) -> None:
+    for g in any_mode.props("AWS::Logs::LogGroup"):
+        assert g["RetentionInDays"] == 30
+
+
+def test_outputs(any_mode: Any) -> None:
+    assert {"ApiUrl", "ApiKeyId", "EventsTopicArn", "TableName", "BucketName", "QueueUrls"} <= set(
+        any_mode.template["Outputs"]
+    )
