@@ -28,6 +28,7 @@ from asyncinfer.jobview import render_job
 from asyncinfer.messages import JobMessage
 from asyncinfer.models.registry import MODELS, get_spec, validate_input
 from asyncinfer.payloads import PayloadStore, dumps, split_uri
+from asyncinfer.scaling.wake import wake_on_submit
 from asyncinfer.settings import Settings
 from asyncinfer.store import JobStore
 from asyncinfer.timeutil import iso, now, parse
@@ -123,13 +124,15 @@ class JobService:
         self.store.create(record)
         try:
             self.sqs.send_message(
-                QueueUrl=self.settings.queue_url(req.model), MessageBody=message.dumps()
+                QueueUrl=self.settings.queue_url(req.model, req.priority),
+                MessageBody=message.dumps(),
             )
         except ClientError as exc:
             # Without its message nobody would ever run the job: take the record back.
             self.store.ddb.delete_item(TableName=self.store.table, Key={"job_id": {"S": job_id}})
             raise InternalError("could not enqueue the job; nothing was stored") from exc
         self.events.publish(record)
+        wake_on_submit(self.settings, req.model)  # 0 -> 1 at once; cached, never raises
         return render_job(record, self.payloads), True
 
     def _check_input_url(self, tenant: str, url: str) -> None:

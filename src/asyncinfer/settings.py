@@ -6,7 +6,7 @@ Environment variables (all optional unless a component needs the resource):
 ``ASYNCINFER_TABLE``                DynamoDB table of job records
 ``ASYNCINFER_BUCKET``               S3 bucket for large inputs and outputs
 ``ASYNCINFER_TOPIC_ARN``            SNS topic of job events
-``ASYNCINFER_QUEUE_URLS``           JSON object ``{model_id: queue_url}``
+``ASYNCINFER_QUEUE_URLS``           JSON ``{model: url, "<model>#high": url, "<model>#low": url}``
 ``ASYNCINFER_MODELS``               comma list of deployed model ids (default: keys of the above)
 ``ASYNCINFER_MAX_RECEIVE_COUNT``    SQS maxReceiveCount of every queue's redrive policy (3)
 ``ASYNCINFER_VISIBILITY_TIMEOUT``   visibility timeout, seconds, the worker keeps extending (120)
@@ -18,6 +18,16 @@ Environment variables (all optional unless a component needs the resource):
 ``ASYNCINFER_RECORD_RETENTION``     seconds a job record lives after creation (TTL; 30 days)
 ``ASYNCINFER_MODEL_CACHE``          where converted checkpoints are cached (~/.cache/asyncinfer)
 ``ASYNCINFER_LOCAL``                ``1`` on the local stack: webhooks may use http and loopback
+``ASYNCINFER_WEBHOOK_QUEUE_URL``    SQS queue of the webhook dispatcher (subscribed to the topic)
+``ASYNCINFER_WEBHOOK_DLQ_URL``      where webhook events go after the retry window
+``ASYNCINFER_WEBHOOK_RETRY_BASE``   first webhook retry delay, seconds; doubles per attempt (5)
+``ASYNCINFER_WEBHOOK_RETRY_MAX``    largest webhook retry delay, seconds, at most 43200 (3600)
+``ASYNCINFER_WEBHOOK_RETRY_WINDOW`` seconds a webhook event is retried before its DLQ (86400)
+``ASYNCINFER_COMPUTE``              ``ecs`` or ``sagemaker`` in AWS (workers then emit EMF metrics)
+``ASYNCINFER_ECS_CLUSTER``          ECS cluster of the worker services (wake on submit, backlog)
+``ASYNCINFER_ECS_SERVICES``         JSON ``{model_id: ECS service name}`` (wake on submit, backlog)
+``ASYNCINFER_SAGEMAKER_ENDPOINTS``  JSON ``{model_id: endpoint name}`` (bridge, wake on submit)
+``ASYNCINFER_WAKE_CACHE_SECONDS``   how long wake-on-submit trusts "not at zero", seconds (30)
 ``AWS_ENDPOINT_URL``                AWS endpoint (the local stack's emulator); unset in AWS
 ``AWS_REGION``                      region (us-east-1)
 ==================================  ===========================================================
@@ -30,6 +40,7 @@ import os
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -58,6 +69,16 @@ class Settings(BaseModel):
     record_retention_seconds: int = 30 * 24 * 3600
     model_cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "asyncinfer")
     local_mode: bool = False
+    webhook_queue_url: str = ""
+    webhook_dlq_url: str = ""
+    webhook_retry_base_seconds: float = 5.0
+    webhook_retry_max_delay_seconds: float = 3600.0
+    webhook_retry_window_seconds: float = 24 * 3600.0
+    compute: str = ""
+    ecs_cluster: str = ""
+    ecs_services: dict[str, str] = Field(default_factory=dict)
+    sagemaker_endpoints: dict[str, str] = Field(default_factory=dict)
+    wake_cache_seconds: float = 30.0
     endpoint_url: str | None = None
     region: str = "us-east-1"
 
@@ -66,12 +87,26 @@ class Settings(BaseModel):
         """Seconds between visibility extensions: the set value, else a third of the timeout."""
         return self.heartbeat_seconds or self.visibility_timeout_seconds / 3
 
-    def queue_url(self, model: str) -> str:
-        """The SQS queue URL of ``model``; :class:`ConfigError` if it has none."""
+    def queue_url(self, model: str, priority: str = "normal") -> str:
+        """The SQS queue URL of ``model`` for a priority class.
+
+        ``queue_urls`` keys are model ids (the ``normal`` queue) and ``<model>#high`` /
+        ``<model>#low`` for the other classes; a class without its own queue shares the normal
+        one. Raises :class:`ConfigError` if the model has no queue at all.
+        """
+        if priority != "normal" and f"{model}#{priority}" in self.queue_urls:
+            return self.queue_urls[f"{model}#{priority}"]
         try:
             return self.queue_urls[model]
         except KeyError:
             raise ConfigError(f"no queue configured for model {model!r}") from None
+
+    def priority_queues(self, model: str) -> dict[str, str]:
+        """``{priority: queue URL}`` of the classes of ``model`` that have their own queue
+        (always ``normal``), highest class first."""
+        out = {"high": self.queue_urls.get(f"{model}#high"), "normal": self.queue_url(model)}
+        out["low"] = self.queue_urls.get(f"{model}#low")
+        return {k: v for k, v in out.items() if v}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -102,7 +137,26 @@ class Settings(BaseModel):
         take("ASYNCINFER_INLINE_INPUT_BYTES", "inline_input_limit_bytes", int)
         take("ASYNCINFER_RECORD_RETENTION", "record_retention_seconds", int)
         take("ASYNCINFER_MODEL_CACHE", "model_cache_dir", Path)
+        take("ASYNCINFER_WEBHOOK_QUEUE_URL", "webhook_queue_url")
+        take("ASYNCINFER_WEBHOOK_DLQ_URL", "webhook_dlq_url")
+        take("ASYNCINFER_WEBHOOK_RETRY_BASE", "webhook_retry_base_seconds", float)
+        take("ASYNCINFER_WEBHOOK_RETRY_MAX", "webhook_retry_max_delay_seconds", float)
+        take("ASYNCINFER_WEBHOOK_RETRY_WINDOW", "webhook_retry_window_seconds", float)
         take("AWS_ENDPOINT_URL", "endpoint_url")
+        take("ASYNCINFER_COMPUTE", "compute")
+        take("ASYNCINFER_ECS_CLUSTER", "ecs_cluster")
+        take("ASYNCINFER_WAKE_CACHE_SECONDS", "wake_cache_seconds", float)
+        for var, name in (
+            ("ASYNCINFER_ECS_SERVICES", "ecs_services"),
+            ("ASYNCINFER_SAGEMAKER_ENDPOINTS", "sagemaker_endpoints"),
+        ):
+            try:
+                mapping = json.loads(env.get(var) or "{}")
+                if not isinstance(mapping, dict):
+                    raise ValueError
+                values[name] = {str(k): str(v) for k, v in mapping.items()}
+            except ValueError:
+                problems.append(f"{var} is not a JSON object {{model: name}}")
         region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
         if region:
             values["region"] = region
@@ -120,7 +174,8 @@ class Settings(BaseModel):
         if raw_models:
             values["models"] = [m.strip() for m in raw_models.split(",") if m.strip()]
         else:
-            values["models"] = list(values.get("queue_urls", {}) or {})  # type: ignore[call-overload]
+            urls: Any = values.get("queue_urls", {})
+            values["models"] = [m for m in urls if "#" not in m]
         if problems:
             raise ConfigError("; ".join(problems))
         return cls.model_validate(values)

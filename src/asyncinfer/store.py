@@ -298,6 +298,44 @@ class JobStore:
             raise
         return True
 
+    def update_fields_many(
+        self, updates: list[tuple[str, int, dict[str, Any]]], *, status: str
+    ) -> None:
+        """Set fields on several jobs that are still in ``status`` at their attempt, in one
+        TransactWriteItems call (up to 100 jobs a call). ``updates`` holds
+        ``(job_id, attempts, fields)``. If the transaction is refused because a job moved on,
+        each update is retried alone and the moved job is skipped."""
+        for i in range(0, len(updates), 100):
+            chunk = updates[i : i + 100]
+            items = []
+            for job_id, attempts, fields in chunk:
+                names = {"#status": "status"}
+                values: dict[str, Any] = {":s": {"S": status}, ":att": {"N": str(attempts)}}
+                sets = []
+                for n, (k, v) in enumerate(fields.items()):
+                    names[f"#k{n}"] = k
+                    values[f":v{n}"] = _ser.serialize(_to_ddb(v))
+                    sets.append(f"#k{n} = :v{n}")
+                items.append(
+                    {
+                        "Update": {
+                            "TableName": self.table,
+                            "Key": {"job_id": {"S": job_id}},
+                            "UpdateExpression": "SET " + ", ".join(sets),
+                            "ConditionExpression": "#status = :s AND attempts = :att",
+                            "ExpressionAttributeNames": names,
+                            "ExpressionAttributeValues": values,
+                        }
+                    }
+                )
+            try:
+                self.ddb.transact_write_items(TransactItems=items)
+            except ClientError as exc:
+                if exc.response["Error"]["Code"] != "TransactionCanceledException":
+                    raise
+                for job_id, attempts, fields in chunk:
+                    self.update_fields(job_id, status=status, attempts=attempts, set_fields=fields)
+
 
 def _encode_cursor(key: dict[str, Any]) -> str:
     raw = json.dumps({k: v["S"] for k, v in key.items()}, separators=(",", ":"))

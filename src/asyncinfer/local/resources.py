@@ -11,6 +11,7 @@ from typing import Any
 from asyncinfer import clients
 from asyncinfer.settings import Settings
 from asyncinfer.store import TENANT_INDEX
+from asyncinfer.webhooks.queues import create_webhook_queues
 
 #: SQS message retention, seconds: longer than the largest job TTL (259200 s), as in AWS.
 MESSAGE_RETENTION_SECONDS = 4 * 24 * 3600
@@ -26,6 +27,8 @@ class Resources:
     queues: dict[str, str] = field(default_factory=dict)
     dlqs: dict[str, str] = field(default_factory=dict)
     event_log_queue: str = ""
+    webhook_queue: str = ""
+    webhook_dlq: str = ""
 
     def env(self) -> dict[str, str]:
         """The environment variables that point components at these resources."""
@@ -34,7 +37,9 @@ class Resources:
             "ASYNCINFER_BUCKET": self.bucket,
             "ASYNCINFER_TOPIC_ARN": self.topic_arn,
             "ASYNCINFER_QUEUE_URLS": json.dumps(self.queues),
-            "ASYNCINFER_MODELS": ",".join(self.queues),
+            "ASYNCINFER_MODELS": ",".join(m for m in self.queues if "#" not in m),
+            "ASYNCINFER_WEBHOOK_QUEUE_URL": self.webhook_queue,
+            "ASYNCINFER_WEBHOOK_DLQ_URL": self.webhook_dlq,
         }
 
 
@@ -47,7 +52,9 @@ def create_resources(
 ) -> Resources:
     """Create every resource for ``models`` through ``settings``' endpoint; idempotent.
 
-    Queues get ``settings.visibility_timeout_seconds`` and a redrive policy to their DLQ with
+    Each model gets three queues, one per priority class (``<prefix>-<model>`` for normal,
+    ``-high`` and ``-low``; ``queues`` keys ``<model>``, ``<model>#high``, ``<model>#low``), all
+    with ``settings.visibility_timeout_seconds`` and a redrive policy to the model's one DLQ with
     ``settings.max_receive_count``. With ``event_log``, an SQS queue subscribed to the topic
     (raw delivery) receives every job event, as a user's subscription would.
     """
@@ -102,8 +109,12 @@ def create_resources(
                 {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": settings.max_receive_count}
             ),
         }
-        url = sqs.create_queue(QueueName=f"{prefix}-{model}", Attributes=attrs)["QueueUrl"]
-        res.queues[model] = url
+        for priority in ("normal", "high", "low"):
+            suffix = "" if priority == "normal" else f"-{priority}"
+            key = model if priority == "normal" else f"{model}#{priority}"
+            res.queues[key] = sqs.create_queue(
+                QueueName=f"{prefix}-{model}{suffix}", Attributes=attrs
+            )["QueueUrl"]
         res.dlqs[model] = dlq_url
 
     if event_log:
@@ -115,6 +126,8 @@ def create_resources(
             Attributes={"RawMessageDelivery": "true"},
         )
         res.event_log_queue = url
+    # The webhook dispatcher's queue (subscribed to the topic) and its dead-letter queue.
+    res.webhook_queue, res.webhook_dlq = create_webhook_queues(sqs, sns, topic_arn, prefix)
     return res
 
 

@@ -4,22 +4,39 @@ A handler is built once per worker process, loads its weights once (:meth:`Model
 runs lists of work items (:meth:`ModelHandler.predict`) and returns, per item, an output dict or a
 :class:`~asyncinfer.errors.JobError`. A handler never touches AWS: the worker owns the job
 lifecycle, queues and storage.
+
+The worker drives a handler through :meth:`ModelHandler.serve` and a :class:`WorkSource`. The
+default ``serve`` is dynamic batching: take up to ``max_batch_size`` started jobs, ``predict``
+them together, finish each. A handler that can admit work into a running batch (continuous
+batching for generation) overrides ``serve``: it takes new items whenever a slot frees and
+finishes each item the moment it is done.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel
 
-from asyncinfer.errors import JobCancelled, JobError, JobTimeout, WorkerStopping
+from asyncinfer.errors import (
+    JobCancelled,
+    JobError,
+    JobTimeout,
+    ModelError,
+    OutOfMemory,
+    TransientError,
+    WorkerStopping,
+)
 
 if TYPE_CHECKING:
     from asyncinfer.models.registry import ModelSpec
+
+log = logging.getLogger("asyncinfer.models")
 
 
 @dataclass(kw_only=True)
@@ -68,6 +85,45 @@ class WorkItem:
 Result = dict[str, Any] | JobError | WorkerStopping
 
 
+class WorkSource(Protocol):
+    """What the worker offers a handler's :meth:`ModelHandler.serve` loop."""
+
+    @property
+    def stopping(self) -> bool:
+        """True once the worker takes no more work; ``serve`` returns when its items are done."""
+        ...
+
+    def take(self, max_items: int, timeout: float) -> list[WorkItem]:
+        """Up to ``max_items`` newly started jobs (status ``running``), waiting up to ``timeout``
+        seconds for the first; ``[]`` when none came or the worker is stopping."""
+        ...
+
+    def finish(self, item: WorkItem, result: Result) -> None:
+        """Record ``item``'s result now: terminal write, event, message deletion (or release)."""
+        ...
+
+
+def run_batch(handler: ModelHandler, items: list[WorkItem]) -> list[Result]:
+    """``handler.predict(items)``, with an exception applied to every item: a ``JobError`` or
+    ``WorkerStopping`` as itself, ``MemoryError`` or torch's ``OutOfMemoryError`` as
+    :class:`OutOfMemory`, anything else as a retryable :class:`TransientError` (a bug or a lost
+    device may not recur; the dead-letter queue bounds the retries)."""
+    try:
+        results = handler.predict(items)
+        if len(results) != len(items):
+            raise ModelError(f"handler returned {len(results)} results for {len(items)} items")
+        return results
+    except (JobError, WorkerStopping) as exc:
+        return [exc] * len(items)
+    except MemoryError:
+        return [OutOfMemory("the batch did not fit in memory")] * len(items)
+    except Exception as exc:
+        if type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA)
+            return [OutOfMemory(str(exc)[:500])] * len(items)
+        log.exception("model %s raised", handler.spec.id)
+        return [TransientError(f"{type(exc).__name__}: {exc}"[:500])] * len(items)
+
+
 class ModelHandler:
     """Base class of model handlers.
 
@@ -88,3 +144,15 @@ class ModelHandler:
     def predict(self, items: list[WorkItem]) -> list[Result]:
         """Run ``items`` (at most ``spec.max_batch_size``) and return one result per item."""
         raise NotImplementedError
+
+    def serve(self, source: WorkSource, max_batch_size: int) -> None:
+        """Dynamic batching until the source stops: take up to ``max_batch_size`` jobs, run them
+        together, finish each."""
+        while True:
+            items = source.take(max_batch_size, timeout=0.2)
+            if not items:
+                if source.stopping:
+                    return
+                continue
+            for item, result in zip(items, run_batch(self, items), strict=True):
+                source.finish(item, result)

@@ -20,11 +20,14 @@ class Held:
         job_id: the job id, once parsed.
         attempts: the job's attempt number while it runs (``None`` until started).
         cancel_event: set when a cancel request is seen for the running job.
+        progress: ``(completion_tokens, partial output)`` reported since the last flush.
+        queue_url: the queue the message came from (its priority class's queue).
     """
 
     message_id: str
     receipt: str
     body: str
+    queue_url: str = ""
     receive_count: int = 1
     job_id: str | None = None
     attempts: int | None = None

@@ -1,7 +1,11 @@
-"""The worker loop: long-poll a model's queue, run jobs in batches, keep messages invisible while
+"""The worker loop: long-poll a model's queues, run jobs in batches, keep messages invisible while
 they run, finish jobs with conditional writes, and only then delete their messages.
 
-Per batch of messages (up to the model's ``max_batch_size``):
+The worker is the :class:`~asyncinfer.models.base.WorkSource` of its model handler: the handler's
+``serve`` loop takes started jobs (dynamic batching, or continuous batching where the handler
+admits jobs into a running batch) and hands each result back as soon as it has it.
+
+Per job:
 
 1. parse each message; a job whose TTL passed while queued becomes ``expired``;
 2. ``queued -> running`` (attempts + 1), a conditional write; a cancelled or finished job is
@@ -11,13 +15,21 @@ Per batch of messages (up to the model's ``max_batch_size``):
 4. run the model handler on the batch;
 5. per job: store the output (S3 above 64 KB), make the job terminal (or back to ``queued`` for a
    retryable error), publish the event;
-6. delete the finished messages (DeleteMessageBatch). A retryable failure instead leaves its
-   message to reappear after a backoff; after maxReceiveCount receives SQS moves it to the
-   dead-letter queue, where :mod:`asyncinfer.dlq` fails the job with ``max_attempts``.
+6. delete the finished messages (DeleteMessageBatch, up to 10 a call). A retryable failure
+   instead leaves its message to reappear after a backoff; after maxReceiveCount receives SQS
+   moves it to the dead-letter queue, where :mod:`asyncinfer.dlq` fails the job with
+   ``max_attempts``.
+
+Priorities: each class (high, normal, low) with its own queue has its own poller. Admission is by
+strict priority, except that every fifth admission while a higher class has backlog goes to a
+lower class (normal and low in turn), so lower classes get at least a fifth of the slots and are
+never starved.
 
 A watcher thread extends the visibility timeout of every held message each heartbeat interval
 (ChangeMessageVisibilityBatch), so a job that runs longer than the visibility timeout is never
-delivered twice, and polls running jobs for cancel requests.
+delivered twice; polls running jobs for cancel requests (BatchGetItem) every second; and writes
+progress (``progress_tokens`` and the partial output) at most once a second per job, all jobs in
+one TransactWriteItems call.
 
 SIGTERM: stop polling; running jobs may go on for ``drain_seconds``, after which the handler is
 interrupted and the jobs are released (``running -> queued``, visibility 0); held messages not yet
@@ -41,9 +53,6 @@ from asyncinfer.errors import (
     InvalidInput,
     JobCancelled,
     JobError,
-    ModelError,
-    OutOfMemory,
-    TransientError,
     TransitionRefused,
     WorkerStopping,
 )
@@ -56,6 +65,7 @@ from asyncinfer.settings import INLINE_OUTPUT_LIMIT_BYTES, Settings
 from asyncinfer.store import JobStore
 from asyncinfer.timeutil import iso, now, parse
 from asyncinfer.worker.inflight import Held, InFlight
+from asyncinfer.worker.metrics import emit_job_metrics
 from asyncinfer.worker.protection import ScaleInProtection
 
 log = logging.getLogger("asyncinfer.worker")
@@ -73,9 +83,12 @@ class Worker:
         settings: runtime settings (queues, table, bucket, topic, timeouts).
         model: the model id this worker serves.
         handler: a built handler (default: the registry's, loaded on :meth:`run`).
-        max_batch_size: most jobs per batch (default: the model's ``max_batch_size``).
-        max_wait_seconds: how long to gather a batch once one message is in hand.
+        max_batch_size: most jobs in a batch (default: the model's ``max_batch_size``).
+        max_wait_seconds: how long to gather a batch once one message is in hand, seconds.
     """
+
+    #: One admission in this many goes to a lower class while a higher class has backlog.
+    LOWER_CLASS_EVERY = 5
 
     def __init__(
         self,
@@ -88,7 +101,7 @@ class Worker:
     ) -> None:
         self.settings = settings
         self.spec: ModelSpec = MODELS[model]
-        self.queue_url = settings.queue_url(model)
+        self.queues = settings.priority_queues(model)
         self.handler = handler
         self.max_batch_size = max_batch_size or self.spec.max_batch_size
         self.max_wait_seconds = max_wait_seconds
@@ -97,13 +110,24 @@ class Worker:
         self.events = EventPublisher(settings, self.payloads)
         self.sqs = clients.client("sqs", settings)
         self.inflight = InFlight()
-        self.inbox: queue.Queue[Held] = queue.Queue()
-        self.stopping = threading.Event()  # stop polling
+        self.inboxes: dict[str, queue.Queue[Held]] = {p: queue.Queue() for p in self.queues}
+        self.arrived = threading.Condition()
+        self.stop_event = threading.Event()  # stop polling
         self.interrupt = threading.Event()  # stop running jobs (drain deadline passed)
         self.protection = ScaleInProtection()
         self.jobs_done = 0
+        self.max_jobs: int | None = None
+        self._admitted = 0
+        self._lower_turn = 0
+        self._running: dict[str, tuple[Held, dict[str, Any]]] = {}
+        self._to_delete: list[Held] = []
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def stopping(self) -> bool:
+        """True once the worker takes no more work."""
+        return self.stop_event.is_set()
+
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT begin a graceful stop (main thread only)."""
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
@@ -111,10 +135,12 @@ class Worker:
 
     def request_stop(self) -> None:
         """Stop polling now; interrupt running jobs after ``drain_seconds``."""
-        if self.stopping.is_set():
+        if self.stop_event.is_set():
             return
         log.info("stopping: no more polling; draining for %.0fs", self.settings.drain_seconds)
-        self.stopping.set()
+        self.stop_event.set()
+        with self.arrived:
+            self.arrived.notify_all()
         timer = threading.Timer(self.settings.drain_seconds, self.interrupt.set)
         timer.daemon = True
         timer.start()
@@ -128,48 +154,105 @@ class Worker:
         log.info("model %s loaded in %.2fs", self.spec.id, time.monotonic() - t0)
 
     def run(self, *, max_jobs: int | None = None) -> int:
-        """Serve until stopped (or until ``max_jobs`` messages were handled). Returns 0."""
+        """Serve until stopped (or until ``max_jobs`` jobs were taken). Returns 0."""
+        self.max_jobs = max_jobs
         self.load()
-        threads = [
-            threading.Thread(target=self._poll_loop, name="poller", daemon=True),
-            threading.Thread(target=self._watch_loop, name="watcher", daemon=True),
-        ]
-        for t in threads:
-            t.start()
-        log.info("worker ready: model=%s queue=%s", self.spec.id, self.queue_url)
+        assert self.handler is not None
+        for priority, url in self.queues.items():
+            threading.Thread(
+                target=self._poll_loop, args=(priority, url), name=f"poll-{priority}", daemon=True
+            ).start()
+        threading.Thread(target=self._watch_loop, name="watcher", daemon=True).start()
+        log.info("worker ready: model=%s queues=%s", self.spec.id, ",".join(self.queues))
         try:
-            while not self.stopping.is_set():
-                batch = self._next_batch()
-                if batch:
-                    self.protection.set(busy=True)
-                    self.process(batch)
-                    self.jobs_done += len(batch)
-                    if max_jobs is not None and self.jobs_done >= max_jobs:
-                        self.stopping.set()
-                elif self.protection.enabled and not len(self.inflight):
-                    self.protection.set(busy=False)
+            self.handler.serve(self, self.max_batch_size)
         finally:
-            self.stopping.set()
+            self.stop_event.set()
+            self._flush_deletes()
             self._release_unstarted()
             self.protection.set(busy=False)
         log.info("worker stopped")
         return 0
 
+    # ------------------------------------------------------------------ WorkSource
+    def take(self, max_items: int, timeout: float) -> list[WorkItem]:
+        """Up to ``max_items`` started jobs (see :class:`~asyncinfer.models.base.WorkSource`)."""
+        self._flush_deletes()
+        if self.stopping:
+            return []
+        if not self._running and not len(self.inflight) and self.protection.enabled:
+            self.protection.set(busy=False)
+        deadline = time.monotonic() + timeout
+        with self.arrived:
+            while not self._backlog() and not self.stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return []
+                self.arrived.wait(left)
+        if self.stopping:
+            return []
+        # A short wait lets a burst arrive as one batch.
+        gather_until = time.monotonic() + self.max_wait_seconds
+        while self._backlog() < max_items and time.monotonic() < gather_until:
+            time.sleep(0.005)
+        items: list[WorkItem] = []
+        while len(items) < max_items and not self.stopping:
+            held = self._next_held()
+            if held is None:
+                break
+            self.protection.set(busy=True)
+            item = self._start(held)
+            if item is not None:
+                items.append(item)
+        self.jobs_done += len(items)
+        if self.max_jobs is not None and self.jobs_done >= self.max_jobs:
+            self.stop_event.set()
+        return items
+
+    def finish(self, item: WorkItem, result: Result) -> None:
+        """Record ``item``'s result now; its message is deleted with the next batch of deletes."""
+        held, record = self._running.pop(item.job_id)
+        if self._finish(held, record, result):
+            self._to_delete.append(held)
+            if len(self._to_delete) >= 10:
+                self._flush_deletes()
+
+    def _backlog(self) -> int:
+        return sum(q.qsize() for q in self.inboxes.values())
+
+    def _next_held(self) -> Held | None:
+        """The next message by the priority rule (see the module docstring)."""
+        order = [p for p in ("high", "normal", "low") if p in self.inboxes]
+        waiting = [p for p in order if self.inboxes[p].qsize()]
+        if not waiting:
+            return None
+        pick = waiting[0]
+        lower = waiting[1:]
+        self._admitted += 1
+        if lower and self._admitted % self.LOWER_CLASS_EVERY == 0:
+            pick = lower[self._lower_turn % len(lower)]
+            self._lower_turn += 1
+        try:
+            return self.inboxes[pick].get_nowait()
+        except queue.Empty:
+            return None
+
     # ------------------------------------------------------------------ threads
-    def _poll_loop(self) -> None:
-        while not self.stopping.is_set():
-            if self.inbox.qsize() >= self.max_batch_size:
+    def _poll_loop(self, priority: str, url: str) -> None:
+        inbox = self.inboxes[priority]
+        while not self.stop_event.is_set():
+            if inbox.qsize() >= self.max_batch_size:
                 time.sleep(0.01)
                 continue
             try:
                 resp = self.sqs.receive_message(
-                    QueueUrl=self.queue_url,
+                    QueueUrl=url,
                     MaxNumberOfMessages=min(10, self.max_batch_size),
                     WaitTimeSeconds=self.settings.receive_wait_seconds,
                     MessageSystemAttributeNames=["ApproximateReceiveCount"],
                 )
             except Exception:
-                if self.stopping.is_set():
+                if self.stop_event.is_set():
                     return
                 log.exception("receive failed; retrying in 1s")
                 time.sleep(1)
@@ -179,13 +262,16 @@ class Worker:
                     message_id=m["MessageId"],
                     receipt=m["ReceiptHandle"],
                     body=m["Body"],
+                    queue_url=url,
                     receive_count=int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1)),
                 )
                 self.inflight.add(held)
-                if self.stopping.is_set():
+                if self.stop_event.is_set():
                     self._release([held])
                 else:
-                    self.inbox.put(held)
+                    inbox.put(held)
+            with self.arrived:
+                self.arrived.notify_all()
 
     def _watch_loop(self) -> None:
         next_beat = time.monotonic() + self.settings.heartbeat_interval
@@ -196,27 +282,15 @@ class Worker:
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.settings.heartbeat_interval
                     self._extend(held)
-                self._poll_cancels([h for h in held if h.attempts is not None])
+                running = [h for h in held if h.attempts is not None]
+                self._poll_cancels(running)
+                self._flush_progress(running)
             except Exception:
                 log.exception("heartbeat failed")
 
     def _extend(self, held: list[Held]) -> None:
         """Extend the visibility timeout of every held message (ChangeMessageVisibilityBatch)."""
-        for i in range(0, len(held), 10):
-            chunk = held[i : i + 10]
-            resp = self.sqs.change_message_visibility_batch(
-                QueueUrl=self.queue_url,
-                Entries=[
-                    {
-                        "Id": str(n),
-                        "ReceiptHandle": h.receipt,
-                        "VisibilityTimeout": self.settings.visibility_timeout_seconds,
-                    }
-                    for n, h in enumerate(chunk)
-                ],
-            )
-            for f in resp.get("Failed", []):
-                log.warning("visibility extension failed: %s", f)
+        self._change_visibility(held, self.settings.visibility_timeout_seconds)
 
     def _poll_cancels(self, running: list[Held]) -> None:
         if not running:
@@ -229,62 +303,43 @@ class Worker:
             if rec and rec.get("cancel_requested"):
                 h.cancel_event.set()
 
-    def _next_batch(self) -> list[Held]:
-        try:
-            first = self.inbox.get(timeout=0.2)
-        except queue.Empty:
-            return []
-        batch = [first]
-        deadline = time.monotonic() + self.max_wait_seconds
-        while len(batch) < self.max_batch_size:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                batch.append(self.inbox.get(timeout=left))
-            except queue.Empty:
-                break
-        return batch
+    def _flush_progress(self, running: list[Held]) -> None:
+        """Write the progress that handlers reported since the last flush, in one transaction
+        (per job if the transaction is refused because a job finished meanwhile)."""
+        updates = []
+        for h in running:
+            progress, h.progress = h.progress, None
+            if progress is not None and h.job_id and h.attempts is not None:
+                tokens, partial = progress
+                fields: dict[str, Any] = {"progress_tokens": tokens}
+                if partial:
+                    fields["output"] = dumps(partial).decode()
+                updates.append((h.job_id, h.attempts, fields))
+        if updates:
+            self.store.update_fields_many(updates, status=lifecycle.RUNNING)
 
-    # ------------------------------------------------------------------ one batch
-    def process(self, batch: list[Held]) -> None:
-        """Run one batch of held messages through the whole job path (steps 1 to 6)."""
-        to_delete: list[Held] = []
-        started: list[tuple[Held, dict[str, Any], WorkItem]] = []
-        for held in batch:
-            outcome = self._start(held)
-            if outcome is None:
-                to_delete.append(held)
-            elif isinstance(outcome, tuple):
-                started.append((held, *outcome))
-            # else: left for redelivery (released)
-        if started:
-            results = self._run([item for _, _, item in started])
-            for (held, record, _), result in zip(started, results, strict=True):
-                if self._finish(held, record, result):
-                    to_delete.append(held)
-        self._delete(to_delete)
-
-    def _start(self, held: Held) -> tuple[dict[str, Any], WorkItem] | bool | None:
-        """Steps 1-3 for one message. Returns ``(record, item)`` for a job to run, ``None`` when
-        the message is done with (delete it), ``False`` when it was released."""
+    # ------------------------------------------------------------------ one job
+    def _start(self, held: Held) -> WorkItem | None:
+        """Steps 1-3 for one message: the started job's work item, or ``None`` (the message was
+        deleted or released)."""
         try:
             msg = JobMessage.model_validate_json(held.body)
         except ValidationError:
             log.error("malformed message %s: releasing it toward the DLQ", held.message_id)
             self._release([held])
-            return False
+            return None
         held.job_id = msg.job_id
         if parse(msg.expires_at) <= now():
             self._expire(msg.job_id)
+            self._to_delete.append(held)
             return None
         record = self._mark_running(msg.job_id)
         if record is None:
+            self._to_delete.append(held)
             return None
         held.attempts = record["attempts"]
         self.events.publish(record)
         log.info("job %s running (attempt %s)", msg.job_id, record["attempts"])
-        item_input: Any
         try:
             raw = (
                 msg.input if msg.input is not None else self.payloads.read_json(msg.input_ref or "")
@@ -292,24 +347,31 @@ class Worker:
             item_input = self.spec.input_model.model_validate(raw)
         except ValidationError as exc:
             err = InvalidInput(f"input is not valid for {self.spec.id}: {exc.errors()[0]['msg']}")
-            self._finish(held, record, err)
+            if self._finish(held, record, err):
+                self._to_delete.append(held)
             return None
         except JobError as exc:
             if self._finish(held, record, exc):
-                return None
-            return False
+                self._to_delete.append(held)
+            return None
+
+        def on_progress(tokens: int, partial: dict[str, Any]) -> None:
+            held.progress = (tokens, partial)
+
         item = WorkItem(
             job_id=msg.job_id,
             input=item_input,
-            raw_input=raw,
+            raw_input=raw if isinstance(raw, dict) else {},
             attempt=record["attempts"],
             deadline=time.monotonic() + msg.timeout_seconds,
             cancel_event=held.cancel_event,
             stop_event=self.interrupt,
+            on_progress=on_progress,
         )
         if record.get("cancel_requested"):
             held.cancel_event.set()
-        return record, item
+        self._running[msg.job_id] = (held, record)
+        return item
 
     def _expire(self, job_id: str) -> None:
         try:
@@ -338,7 +400,7 @@ class Worker:
                     to_status=lifecycle.RUNNING,
                     increment_attempts=True,
                     set_fields={"started_at": iso(now())},
-                    remove_fields=("completed_at",),
+                    remove_fields=("completed_at", "progress_tokens", "output"),
                 )
             except TransitionRefused as exc:
                 cur = exc.current
@@ -362,24 +424,6 @@ class Worker:
                     pass
         return None
 
-    def _run(self, items: list[WorkItem]) -> list[Result]:
-        """Step 4: the handler on the batch; an exception applies to every item."""
-        assert self.handler is not None
-        try:
-            results = self.handler.predict(items)
-            if len(results) != len(items):
-                raise ModelError(f"handler returned {len(results)} results for {len(items)} items")
-            return results
-        except (JobError, WorkerStopping) as exc:
-            return [exc] * len(items)
-        except MemoryError:
-            return [OutOfMemory("the batch did not fit in memory")] * len(items)
-        except Exception as exc:
-            if type(exc).__name__ == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError
-                return [OutOfMemory(str(exc)[:500])] * len(items)
-            log.exception("model %s raised", self.spec.id)
-            return [TransientError(f"{type(exc).__name__}: {exc}"[:500])] * len(items)
-
     def _finish(self, held: Held, record: dict[str, Any], result: Result) -> bool:
         """Step 5 for one job. Returns True when its message should be deleted."""
         job_id, attempts = record["job_id"], record["attempts"]
@@ -389,9 +433,12 @@ class Worker:
                 body = dumps(result)
                 if len(body) > INLINE_OUTPUT_LIMIT_BYTES:
                     fields["output_ref"] = self.payloads.put_output(record["tenant"], job_id, body)
+                    new = self._transition(
+                        job_id, attempts, lifecycle.SUCCEEDED, fields, ["output"]
+                    )
                 else:
                     fields["output"] = body.decode()
-                new = self._transition(job_id, attempts, lifecycle.SUCCEEDED, fields)
+                    new = self._transition(job_id, attempts, lifecycle.SUCCEEDED, fields)
             elif isinstance(result, WorkerStopping):
                 self._requeue(held, job_id, attempts, delay=0)
                 return False
@@ -416,15 +463,25 @@ class Worker:
             return True
         log.info("job %s %s", job_id, new["status"])
         self.events.publish(new)
+        if self.settings.compute:
+            emit_job_metrics(new)
         return True
 
-    def _transition(self, job_id: str, attempts: int, to: str, fields: dict[str, Any]) -> dict:
+    def _transition(
+        self,
+        job_id: str,
+        attempts: int,
+        to: str,
+        fields: dict[str, Any],
+        remove: list[str] | None = None,
+    ) -> dict[str, Any]:
         return self.store.transition(
             job_id,
             from_status=lifecycle.RUNNING,
             to_status=to,
             attempts=attempts,
             set_fields=fields,
+            remove_fields=remove or (),
         )
 
     def _requeue(self, held: Held, job_id: str, attempts: int, *, delay: float) -> None:
@@ -435,7 +492,7 @@ class Worker:
                 from_status=lifecycle.RUNNING,
                 to_status=lifecycle.QUEUED,
                 attempts=attempts,
-                remove_fields=("started_at",),
+                remove_fields=("started_at", "progress_tokens", "output"),
             )
             self.events.publish(back)
         except TransitionRefused as exc:
@@ -443,43 +500,65 @@ class Worker:
         self._release([held], delay=delay)
 
     # ------------------------------------------------------------------ message ops
-    def _release(self, held: Iterable[Held], delay: float = 0) -> None:
-        """Make messages visible again after ``delay`` seconds and stop holding them."""
-        held = list(held)
-        for i in range(0, len(held), 10):
-            chunk = held[i : i + 10]
-            try:
-                self.sqs.change_message_visibility_batch(
-                    QueueUrl=self.queue_url,
+    def _by_queue(self, held: Iterable[Held]) -> dict[str, list[Held]]:
+        out: dict[str, list[Held]] = {}
+        for h in held:
+            out.setdefault(h.queue_url, []).append(h)
+        return out
+
+    def _change_visibility(self, held: Iterable[Held], seconds: float) -> None:
+        for url, group in self._by_queue(held).items():
+            for i in range(0, len(group), 10):
+                chunk = group[i : i + 10]
+                resp = self.sqs.change_message_visibility_batch(
+                    QueueUrl=url,
                     Entries=[
-                        {"Id": str(n), "ReceiptHandle": h.receipt, "VisibilityTimeout": int(delay)}
+                        {
+                            "Id": str(n),
+                            "ReceiptHandle": h.receipt,
+                            "VisibilityTimeout": int(seconds),
+                        }
                         for n, h in enumerate(chunk)
                     ],
                 )
-            except Exception:
-                log.exception("could not release messages; they reappear after the timeout")
+                for f in resp.get("Failed", []):
+                    log.warning("visibility change failed: %s", f)
+
+    def _release(self, held: Iterable[Held], delay: float = 0) -> None:
+        """Make messages visible again after ``delay`` seconds and stop holding them."""
+        held = list(held)
+        try:
+            self._change_visibility(held, delay)
+        except Exception:
+            log.exception("could not release messages; they reappear after the timeout")
         for h in held:
             self.inflight.drop(h.message_id)
 
-    def _delete(self, held: list[Held]) -> None:
-        for i in range(0, len(held), 10):
-            chunk = held[i : i + 10]
-            resp = self.sqs.delete_message_batch(
-                QueueUrl=self.queue_url,
-                Entries=[{"Id": str(n), "ReceiptHandle": h.receipt} for n, h in enumerate(chunk)],
-            )
-            for f in resp.get("Failed", []):
-                log.error("delete failed: %s", f)
+    def _flush_deletes(self) -> None:
+        """Delete finished messages, up to 10 per DeleteMessageBatch call."""
+        held, self._to_delete = self._to_delete, []
+        for url, group in self._by_queue(held).items():
+            for i in range(0, len(group), 10):
+                chunk = group[i : i + 10]
+                resp = self.sqs.delete_message_batch(
+                    QueueUrl=url,
+                    Entries=[
+                        {"Id": str(n), "ReceiptHandle": h.receipt} for n, h in enumerate(chunk)
+                    ],
+                )
+                for f in resp.get("Failed", []):
+                    log.error("delete failed: %s", f)
         for h in held:
             self.inflight.drop(h.message_id)
 
     def _release_unstarted(self) -> None:
         pending: list[Held] = []
-        while True:
-            try:
-                pending.append(self.inbox.get_nowait())
-            except queue.Empty:
-                break
+        for inbox in self.inboxes.values():
+            while True:
+                try:
+                    pending.append(inbox.get_nowait())
+                except queue.Empty:
+                    break
         if pending:
             log.info("releasing %d unstarted messages", len(pending))
             self._release(pending)
