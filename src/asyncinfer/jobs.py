@@ -30,7 +30,7 @@ from asyncinfer.models.registry import MODELS, get_spec, validate_input
 from asyncinfer.payloads import PayloadStore, dumps, split_uri
 from asyncinfer.scaling.wake import wake_on_submit
 from asyncinfer.settings import Settings
-from asyncinfer.store import JobStore
+from asyncinfer.store import QUEUED_MARK, JobStore
 from asyncinfer.timeutil import iso, now, parse
 from asyncinfer.webhook_urls import check_url
 
@@ -101,6 +101,8 @@ class JobService:
             "metadata": req.metadata or None,
             "webhook": json.dumps(req.webhook.model_dump(mode="json")) if req.webhook else None,
             "ttl": int(created.timestamp()) + self.settings.record_retention_seconds,
+            "expires_epoch": int(expires.timestamp()),
+            "queued_mark": QUEUED_MARK,
         }
         message = JobMessage(
             job_id=job_id,

@@ -5,6 +5,9 @@ Table design (the CDK app and the local stack create it the same way):
 * partition key ``job_id`` (S), no sort key: one item per job;
 * GSI ``tenant-index``: partition key ``tenant`` (S), sort key ``job_id`` (S), projection ALL.
   Job ids are ULIDs, so a Query with ``ScanIndexForward=False`` lists a tenant's jobs newest first;
+* sparse GSI ``queued-expiry-index``: partition key ``queued_mark`` (S, present only while the
+  job is ``queued``), sort key ``expires_epoch`` (N), projection KEYS_ONLY: the expiry sweeper
+  finds queued jobs past their TTL without a scan. :meth:`JobStore.transition` keeps the mark;
 * TTL attribute ``ttl`` (N, epoch seconds): the record is deleted some time after
   ``created + record_retention_seconds`` (DynamoDB TTL; it never runs on the emulator).
 
@@ -37,6 +40,10 @@ from asyncinfer.errors import InvalidRequest, TransitionRefused
 from asyncinfer.settings import Settings, get_settings
 
 TENANT_INDEX = "tenant-index"
+#: Sparse GSI of the jobs waiting in a queue, by the time their TTL ends (the expiry sweeper's).
+QUEUED_INDEX = "queued-expiry-index"
+#: Partition key value of that index: set while a job is ``queued``, removed when it leaves.
+QUEUED_MARK = "queued"
 
 _ser = TypeSerializer()
 _deser = TypeDeserializer()
@@ -90,6 +97,19 @@ class JobStore:
             Item=to_item(record),
             ConditionExpression="attribute_not_exists(job_id)",
         )
+
+    def queued_past_expiry(self, now_epoch: int, limit: int = 100) -> list[str]:
+        """Ids of up to ``limit`` queued jobs whose ``expires_epoch`` is at or before
+        ``now_epoch`` (the queued-expiry GSI; eventually consistent, so callers re-check with a
+        conditional write)."""
+        resp = self.ddb.query(
+            TableName=self.table,
+            IndexName=QUEUED_INDEX,
+            KeyConditionExpression="queued_mark = :m AND expires_epoch <= :now",
+            ExpressionAttributeValues={":m": {"S": QUEUED_MARK}, ":now": {"N": str(now_epoch)}},
+            Limit=limit,
+        )
+        return [item["job_id"]["S"] for item in resp.get("Items", [])]
 
     def get(self, job_id: str, *, consistent: bool = True) -> dict[str, Any] | None:
         """The record of ``job_id``, or ``None``."""
@@ -232,8 +252,13 @@ class JobStore:
         if increment_attempts:
             sets.append("attempts = attempts + :one")
             values[":one"] = {"N": "1"}
-        expr = "SET " + ", ".join(sets)
         removes = list(remove_fields)
+        if to_status == lifecycle.QUEUED:
+            sets.append("queued_mark = :qm")
+            values[":qm"] = {"S": QUEUED_MARK}
+        else:
+            removes.append("queued_mark")
+        expr = "SET " + ", ".join(sets)
         if removes:
             for n, k in enumerate(removes):
                 names[f"#r{n}"] = k

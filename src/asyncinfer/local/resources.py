@@ -10,7 +10,7 @@ from typing import Any
 
 from asyncinfer import clients
 from asyncinfer.settings import Settings
-from asyncinfer.store import TENANT_INDEX
+from asyncinfer.store import QUEUED_INDEX, TENANT_INDEX
 from asyncinfer.webhooks.queues import create_webhook_queues
 
 #: SQS message retention, seconds: longer than the largest job TTL (259200 s), as in AWS.
@@ -72,6 +72,8 @@ def create_resources(
             AttributeDefinitions=[
                 {"AttributeName": "job_id", "AttributeType": "S"},
                 {"AttributeName": "tenant", "AttributeType": "S"},
+                {"AttributeName": "queued_mark", "AttributeType": "S"},
+                {"AttributeName": "expires_epoch", "AttributeType": "N"},
             ],
             KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
             GlobalSecondaryIndexes=[
@@ -82,7 +84,15 @@ def create_resources(
                         {"AttributeName": "job_id", "KeyType": "RANGE"},
                     ],
                     "Projection": {"ProjectionType": "ALL"},
-                }
+                },
+                {
+                    "IndexName": QUEUED_INDEX,
+                    "KeySchema": [
+                        {"AttributeName": "queued_mark", "KeyType": "HASH"},
+                        {"AttributeName": "expires_epoch", "KeyType": "RANGE"},
+                    ],
+                    "Projection": {"ProjectionType": "KEYS_ONLY"},
+                },
             ],
         )
         ddb.update_time_to_live(

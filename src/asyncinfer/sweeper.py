@@ -1,0 +1,69 @@
+"""The expiry sweeper: queued jobs whose ``ttl_seconds`` passed become ``expired`` (error code
+``expired``) and ``job.expired`` is published, even while no worker runs and nobody reads them.
+
+In AWS a Lambda runs it every minute (EventBridge schedule); the local stack runs it every few
+seconds. The job's SQS message stays in the queue; a worker that dequeues it later finds the job
+terminal and deletes the message without running it. Workers and ``GET`` also expire due jobs
+they meet, so the sweeper's period bounds the delay, not correctness.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from asyncinfer import lifecycle
+from asyncinfer.errors import TransitionRefused
+from asyncinfer.events import EventPublisher
+from asyncinfer.settings import Settings, get_settings
+from asyncinfer.store import JobStore
+from asyncinfer.timeutil import iso, now
+
+log = logging.getLogger("asyncinfer.sweeper")
+
+
+def expire_due(settings: Settings, *, limit: int = 500) -> list[str]:
+    """Expire up to ``limit`` queued jobs past their TTL; returns their ids. Each expiry is a
+    conditional ``queued -> expired`` write, so a job that started meanwhile is left alone."""
+    store = JobStore(settings)
+    events = EventPublisher(settings)
+    expired: list[str] = []
+    while len(expired) < limit:
+        ids = store.queued_past_expiry(int(time.time()), limit=min(100, limit - len(expired)))
+        if not ids:
+            break
+        progressed = False
+        for job_id in ids:
+            try:
+                record = store.transition(
+                    job_id,
+                    from_status=lifecycle.QUEUED,
+                    to_status=lifecycle.EXPIRED,
+                    set_fields={
+                        "completed_at": iso(now()),
+                        "error": {"code": "expired", "message": "job expired in the queue (ttl)"},
+                    },
+                )
+            except TransitionRefused:
+                continue
+            progressed = True
+            events.publish(record)
+            expired.append(job_id)
+        if not progressed:
+            break
+    if expired:
+        log.info("expired %d queued jobs past their ttl", len(expired))
+    return expired
+
+
+logger = Logger(service="asyncinfer-sweeper")
+
+
+@logger.inject_lambda_context(clear_state=True)
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """The scheduled sweeper Lambda: ``{"expired": <count>}``."""
+    return {"expired": len(expire_due(get_settings()))}
