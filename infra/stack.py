@@ -110,7 +110,7 @@ class AsyncInferStack(Stack):
         self.table.grant_read_write_data(self.api_fn)
         self.bucket.grant_read_write(self.api_fn)
         self.events_topic.grant_publish(self.api_fn)
-        for q in self.queues.queues.values():
+        for q in self.queues.class_queues.values():
             q.grant_send_messages(self.api_fn)
         self.api = JobsApi(
             self,
@@ -143,6 +143,26 @@ class AsyncInferStack(Stack):
                 sources.SqsEventSource(dlq, batch_size=10, report_batch_item_failures=True)
             )
 
+        self.sweeper_fn = PythonFunction(
+            self,
+            "SweeperFn",
+            code="sweeper",
+            service="sweeper",
+            environment=env,
+            timeout=Duration.seconds(60),
+            description="asyncinfer expiry sweeper: queued jobs past their TTL (every minute)",
+            **fn_common,
+        ).function
+        self.table.grant_read_write_data(self.sweeper_fn)
+        self.bucket.grant_read(self.sweeper_fn, "outputs/*")
+        self.events_topic.grant_publish(self.sweeper_fn)
+        events.Rule(
+            self,
+            "SweeperSchedule",
+            schedule=events.Schedule.rate(Duration.minutes(1)),
+            targets=[targets.LambdaFunction(self.sweeper_fn, retry_attempts=0)],
+        )
+
         # ---------------------------------------------------------------- compute
         image = ecr_assets.DockerImageAsset(
             self,
@@ -172,9 +192,9 @@ class AsyncInferStack(Stack):
                 removal_policy=RemovalPolicy.DESTROY,
             )
             for model, role in self.ecs.task_roles.items():
-                q = self.queues.queues[model]
-                q.grant_consume_messages(role)
-                q.grant_send_messages(role)
+                for q in self.queues.queues_of(model):
+                    q.grant_consume_messages(role)
+                    q.grant_send_messages(role)
                 self.table.grant_read_write_data(role)
                 self.bucket.grant_read_write(role)
                 self.events_topic.grant_publish(role)
@@ -193,7 +213,7 @@ class AsyncInferStack(Stack):
                 description="asyncinfer backlog-per-task metric (every minute)",
                 **fn_common,
             ).function
-            for q in self.queues.queues.values():
+            for q in self.queues.class_queues.values():
                 q.grant(self.backlog_fn, "sqs:GetQueueAttributes")
             self.ecs.grant_describe_services(self.backlog_fn)
             events.Rule(
@@ -244,7 +264,7 @@ class AsyncInferStack(Stack):
             self.table.grant_read_write_data(self.bridge_fn)
             self.bucket.grant_read_write(self.bridge_fn, "inputs/*")
             self.events_topic.grant_publish(self.bridge_fn)
-            for q in self.queues.queues.values():
+            for q in self.queues.class_queues.values():
                 self.bridge_fn.add_event_source(
                     sources.SqsEventSource(q, batch_size=10, report_batch_item_failures=True)
                 )

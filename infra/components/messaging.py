@@ -17,8 +17,12 @@ DLQ_RETENTION = Duration.days(14)
 QUEUE_RETENTION = Duration.days(4)
 
 
+#: Priority classes with a queue of their own (spec: ``priority`` high | normal | low).
+PRIORITIES = ("normal", "high", "low")
+
+
 class ModelQueues(Construct):
-    """One job queue and one dead-letter queue per model.
+    """Job queues per model, one per priority class, and one dead-letter queue per model.
 
     Every queue: SSE with SQS-owned keys, a queue policy denying non-TLS access, long polling
     (20 s). Job queues redrive to their DLQ after ``max_receive_count`` receives.
@@ -42,7 +46,10 @@ class ModelQueues(Construct):
         dlq_visibility_timeout: Duration,
     ) -> None:
         super().__init__(scope, id)
+        #: model -> its normal-priority queue (scaling and alarms read these)
         self.queues: dict[str, sqs.Queue] = {}
+        #: ``model`` / ``model#high`` / ``model#low`` -> queue (ASYNCINFER_QUEUE_URLS keys)
+        self.class_queues: dict[str, sqs.Queue] = {}
         self.dlqs: dict[str, sqs.Queue] = {}
         for model in models:
             dlq = sqs.Queue(
@@ -53,25 +60,33 @@ class ModelQueues(Construct):
                 retention_period=DLQ_RETENTION,
                 visibility_timeout=dlq_visibility_timeout,
             )
-            queue = sqs.Queue(
-                self,
-                f"{model}-queue",
-                encryption=sqs.QueueEncryption.SQS_MANAGED,
-                enforce_ssl=True,
-                retention_period=QUEUE_RETENTION,
-                visibility_timeout=visibility_timeout,
-                receive_message_wait_time=Duration.seconds(20),
-                dead_letter_queue=sqs.DeadLetterQueue(
-                    queue=dlq, max_receive_count=max_receive_count
-                ),
-            )
-            self.queues[model] = queue
+            for priority in PRIORITIES:
+                queue = sqs.Queue(
+                    self,
+                    f"{model}-queue" if priority == "normal" else f"{model}-{priority}-queue",
+                    encryption=sqs.QueueEncryption.SQS_MANAGED,
+                    enforce_ssl=True,
+                    retention_period=QUEUE_RETENTION,
+                    visibility_timeout=visibility_timeout,
+                    receive_message_wait_time=Duration.seconds(20),
+                    dead_letter_queue=sqs.DeadLetterQueue(
+                        queue=dlq, max_receive_count=max_receive_count
+                    ),
+                )
+                self.class_queues[model if priority == "normal" else f"{model}#{priority}"] = queue
+                if priority == "normal":
+                    self.queues[model] = queue
             self.dlqs[model] = dlq
 
+    def queues_of(self, model: str) -> list[sqs.Queue]:
+        """Every priority class queue of ``model``."""
+        return [q for k, q in self.class_queues.items() if k.split("#")[0] == model]
+
     def queue_urls_json(self) -> str:
-        """``{model: queue_url}`` as a JSON string (tokens resolved at deploy time), the value of
-        ``ASYNCINFER_QUEUE_URLS``."""
-        return Stack.of(self).to_json_string({m: q.queue_url for m, q in self.queues.items()})
+        """``{model: url, "<model>#high": url, "<model>#low": url}`` as a JSON string (tokens
+        resolved at deploy time), the value of ``ASYNCINFER_QUEUE_URLS``."""
+        urls = {k: q.queue_url for k, q in self.class_queues.items()}
+        return Stack.of(self).to_json_string(urls)
 
 
 class EncryptedTopics(Construct):

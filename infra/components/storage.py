@@ -10,14 +10,17 @@ from constructs import Construct
 #: Table design of :mod:`asyncinfer.store` (partition key, GSI, TTL attribute).
 PARTITION_KEY = "job_id"
 TENANT_INDEX = "tenant-index"
+QUEUED_INDEX = "queued-expiry-index"
 TTL_ATTRIBUTE = "ttl"
 #: Key prefixes of the bucket (:mod:`asyncinfer` writes inputs and outputs under these).
-EXPIRING_PREFIXES = ("inputs/", "outputs/")
+EXPIRING_PREFIXES = ("inputs/", "outputs/", "uploads/")
 
 
 class JobTable(Construct):
     """The DynamoDB table of job records: on-demand, TTL on ``ttl``, point-in-time recovery,
-    AWS-owned-key encryption, GSI ``tenant-index`` (``tenant`` S / ``job_id`` S, projection ALL).
+    AWS-owned-key encryption, GSI ``tenant-index`` (``tenant`` S / ``job_id`` S, projection ALL),
+    and the sparse GSI ``queued-expiry-index`` (``queued_mark`` S / ``expires_epoch`` N, keys
+    only) that the expiry sweeper queries (:mod:`asyncinfer.store`).
 
     Args:
         removal_policy: RETAIN keeps the records when the stack is deleted.
@@ -46,12 +49,20 @@ class JobTable(Construct):
             sort_key=dynamodb.Attribute(name=PARTITION_KEY, type=dynamodb.AttributeType.STRING),
             projection_type=dynamodb.ProjectionType.ALL,
         )
+        self.table.add_global_secondary_index(
+            index_name=QUEUED_INDEX,
+            partition_key=dynamodb.Attribute(
+                name="queued_mark", type=dynamodb.AttributeType.STRING
+            ),
+            sort_key=dynamodb.Attribute(name="expires_epoch", type=dynamodb.AttributeType.NUMBER),
+            projection_type=dynamodb.ProjectionType.KEYS_ONLY,
+        )
 
 
 class DataBucket(Construct):
     """The S3 bucket of large inputs and outputs: SSE-S3, block public access, TLS-only policy,
     objects owned by the bucket owner, server access logs to a second bucket, and expiry of
-    ``inputs/`` and ``outputs/`` after ``expiry_days`` (plus cleanup of incomplete multipart
+    ``inputs/``, ``outputs/`` and ``uploads/`` after ``expiry_days`` (plus cleanup of incomplete multipart
     uploads after one day).
 
     Args:

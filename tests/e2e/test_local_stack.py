@@ -96,7 +96,9 @@ def test_ready_line_and_local_json(stack: Stack) -> None:
     assert stack.api.startswith("http://127.0.0.1:")
     assert stack.local["api_url"] == stack.api and stack.local["api_key"] == stack.key
     assert stack.local["region"] == "us-east-1"
-    assert set(stack.local["queues"]) == {"smollm2-135m-instruct", "echo"}
+    assert set(stack.local["queues"]) == {
+        f"{m}{c}" for m in ("smollm2-135m-instruct", "echo") for c in ("", "#high", "#low")
+    }
     for k in ("aws_endpoint_url", "table", "bucket", "topic_arn"):
         assert stack.local[k]
     assert "other" in stack.local["extra_keys"]

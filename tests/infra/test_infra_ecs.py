@@ -99,7 +99,8 @@ def test_step_policy_takes_a_service_from_zero_to_one(ecs: Any) -> None:
 
 def test_backlog_metric_lambda_runs_every_minute(ecs: Any) -> None:
     rules = ecs.props("AWS::Events::Rule")
-    assert [r["ScheduleExpression"] for r in rules] == ["rate(1 minute)"]
+    # the backlog metric and the expiry sweeper
+    assert [r["ScheduleExpression"] for r in rules] == ["rate(1 minute)"] * 2
     fn = next(
         f
         for f in ecs.props("AWS::Lambda::Function")

@@ -74,7 +74,7 @@ def test_bridge_reads_every_model_queue_with_partial_batch_failures(sagemaker: A
         for m in sagemaker.props("AWS::Lambda::EventSourceMapping")
         if "BridgeFn" in str(m["FunctionName"])
     ]
-    assert len(mappings) == len(MODELS)
+    assert len(mappings) == 3 * len(MODELS)  # a queue per priority class
     for m in mappings:
         assert m["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
     statements = [

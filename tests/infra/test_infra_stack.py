@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from typing import Any
 
 from aws_cdk.assertions import Match
@@ -43,10 +45,45 @@ def test_table_matches_the_store_design(any_mode: Any) -> None:
                         {"AttributeName": "job_id", "KeyType": "RANGE"},
                     ],
                     "Projection": {"ProjectionType": "ALL"},
-                }
+                },
+                {
+                    "IndexName": "queued-expiry-index",
+                    "KeySchema": [
+                        {"AttributeName": "queued_mark", "KeyType": "HASH"},
+                        {"AttributeName": "expires_epoch", "KeyType": "RANGE"},
+                    ],
+                    "Projection": {"ProjectionType": "KEYS_ONLY"},
+                },
             ],
         },
     )
+
+
+def test_each_model_has_a_queue_per_priority_class_sharing_one_dlq(any_mode: Any) -> None:
+    api_env = next(
+        p["Environment"]["Variables"]
+        for p in any_mode.props("AWS::Lambda::Function")
+        if p.get("Description") == "asyncinfer REST API"
+    )
+    models = api_env["ASYNCINFER_MODELS"].split(",")
+    redriven = [p for p in any_mode.props("AWS::SQS::Queue") if "RedrivePolicy" in p]
+    targets = {json.dumps(p["RedrivePolicy"]["deadLetterTargetArn"]) for p in redriven}
+    assert len(redriven) == 3 * len(models)
+    assert len(targets) == len(models)
+    urls = json.dumps(api_env["ASYNCINFER_QUEUE_URLS"])
+    for model in models:
+        assert f"{model}#high" in urls and f"{model}#low" in urls
+
+
+def test_expiry_sweeper_runs_every_minute(any_mode: Any) -> None:
+    rules = any_mode.props("AWS::Events::Rule")
+    assert sum(1 for r in rules if r.get("ScheduleExpression") == "rate(1 minute)") >= 1
+    fns = [
+        p
+        for p in any_mode.props("AWS::Lambda::Function")
+        if "expiry sweeper" in p.get("Description", "")
+    ]
+    assert len(fns) == 1
 
 
 def test_table_and_bucket_are_retained_by_default(any_mode: Any) -> None:
@@ -90,11 +127,11 @@ def test_data_bucket_is_private_encrypted_and_expires_inputs_and_outputs(any_mod
     assert len(any_mode.props("AWS::S3::BucketPolicy")) == len(any_mode.props("AWS::S3::Bucket"))
 
 
-def test_one_queue_and_one_dlq_per_model(any_mode: Any) -> None:
+def test_three_priority_queues_and_one_dlq_per_model(any_mode: Any) -> None:
     queues = any_mode.props("AWS::SQS::Queue")
-    assert len(queues) == 2 * len(MODELS)
+    assert len(queues) == 4 * len(MODELS)
     main = [q for q in queues if "RedrivePolicy" in q]
-    assert len(main) == len(MODELS)
+    assert len(main) == 3 * len(MODELS)
     for q in main:
         assert q["RedrivePolicy"]["maxReceiveCount"] == 3
         assert q["VisibilityTimeout"] == 120
@@ -105,7 +142,7 @@ def test_one_queue_and_one_dlq_per_model(any_mode: Any) -> None:
 
 def test_every_queue_policy_denies_plain_http(any_mode: Any) -> None:
     policies = any_mode.props("AWS::SQS::QueuePolicy")
-    assert sum(len(p["Queues"]) for p in policies) == 2 * len(MODELS)
+    assert sum(len(p["Queues"]) for p in policies) == 4 * len(MODELS)
     for p in policies:
         assert _denies_insecure_transport(p["PolicyDocument"]["Statement"])
 

@@ -2,7 +2,8 @@
 
 Routes (spec, "Endpoints"): ``POST /v1/jobs``, ``GET /v1/jobs/{id}`` (``?wait=N``),
 ``POST /v1/jobs/{id}/cancel``, ``GET /v1/jobs``, ``GET /v1/models``, ``GET /v1/health``,
-``GET /v1/openapi.json``, ``POST /v1/uploads``.
+``GET /v1/openapi.json``, ``POST /v1/uploads``, ``GET /v1/webhooks/secret``,
+``POST /v1/webhooks/secret/rotate``.
 
 The tenant is ``requestContext.identity.apiKeyId`` of the proxy event (API Gateway API keys).
 Errors map to responses by type: :class:`~asyncinfer.errors.ApiError` subclasses carry their code
@@ -33,6 +34,7 @@ from asyncinfer.jobs import JobService
 from asyncinfer.lifecycle import STATUSES
 from asyncinfer.settings import get_settings
 from asyncinfer.timeutil import iso, now
+from asyncinfer.webhooks.secrets import SecretStore, WebhookSecretView
 
 logger = Logger(service="asyncinfer-api")
 
@@ -157,6 +159,19 @@ def create_upload() -> Response[UploadView]:
         "expires_at": iso(now() + timedelta(seconds=UPLOAD_URL_SECONDS)),
     }
     return json_response(201, body)
+
+
+@app.get("/v1/webhooks/secret")
+def get_webhook_secret() -> WebhookSecretView:
+    """The caller's webhook signing secret (``whsec_...``; made on first use) and, after a
+    rotation, the previous one while it is still valid. Deliveries are signed with both then."""
+    return SecretStore(service().settings).get(tenant())
+
+
+@app.post("/v1/webhooks/secret/rotate")
+def rotate_webhook_secret() -> WebhookSecretView:
+    """Make a new webhook signing secret; the previous one stays valid for 24 h."""
+    return SecretStore(service().settings).rotate(tenant())
 
 
 # ---------------------------------------------------------------------------- errors
