@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncinfer.errors import ConfigError
+from asyncinfer.scaling import policy
 
 NAMESPACE = "asyncinfer"
 #: DescribeServices takes at most 10 services per call (ECS API reference).
@@ -68,12 +69,13 @@ def backlog_point(
     *, visible: int, in_flight: int, running: int, desired: int
 ) -> dict[str, int | float]:
     """The metric values of one model from its queue counts and service counts."""
-    backlog = visible + in_flight
+    # The scaling policy's definitions (asyncinfer.scaling.policy): one source for AWS and local.
+    backlog = policy.backlog(visible, in_flight)
     tasks = max(running, desired)
     return {
         "Backlog": backlog,
-        "BacklogPerTask": backlog / tasks if tasks else float(backlog),
-        "BacklogWithoutCapacity": 1 if backlog > 0 and tasks == 0 else 0,
+        "BacklogPerTask": policy.backlog_per_worker(visible, in_flight, tasks),
+        "BacklogWithoutCapacity": policy.backlog_without_capacity(visible, in_flight, tasks),
         "RunningTasks": running,
     }
 
