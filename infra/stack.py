@@ -17,6 +17,7 @@ from typing import Any
 
 from aws_cdk import CfnOutput, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
@@ -34,6 +35,7 @@ from infra.components.messaging import EncryptedTopics, ModelQueues
 from infra.components.monitoring import Monitoring
 from infra.components.sagemaker_endpoints import SageMakerEndpoints, endpoint_metric
 from infra.components.storage import DataBucket, JobTable
+from infra.components.webhooks import WebhookDelivery
 from infra.config import LOG_RETENTION_DAYS, REPO_ROOT, DeployConfig
 from infra.nag import add_suppressions
 
@@ -161,6 +163,15 @@ class AsyncInferStack(Stack):
             "SweeperSchedule",
             schedule=events.Schedule.rate(Duration.minutes(1)),
             targets=[targets.LambdaFunction(self.sweeper_fn, retry_attempts=0)],
+        )
+
+        self.webhooks = WebhookDelivery(
+            self,
+            "Webhooks",
+            topic=self.events_topic,
+            table=self.table,
+            environment=env,
+            function_props=fn_common,
         )
 
         # ---------------------------------------------------------------- compute
@@ -303,6 +314,9 @@ class AsyncInferStack(Stack):
             oldest_message_seconds=cfg.oldest_message_alarm_seconds,
             failure_rate_percent=cfg.failure_rate_alarm_percent,
         )
+
+        if alarm_topic is not None:
+            self.webhooks.dlq_alarm.add_alarm_action(cw_actions.SnsAction(alarm_topic))
 
         CfnOutput(self, "ApiUrl", value=self.api.api.url_for_path("/v1"))
         CfnOutput(self, "ApiKeyId", value=self.api.default_key.key_id)

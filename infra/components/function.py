@@ -42,6 +42,8 @@ class PythonFunction(Construct):
         log_retention: retention of the function's log group.
         removal_policy: of the log group.
         description: function description.
+        vendored: packages copied from the current environment into the code asset (those the
+            Powertools layer and the runtime lack).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class PythonFunction(Construct):
         removal_policy: RemovalPolicy = RemovalPolicy.DESTROY,
         memory_mib: int = 256,
         description: str = "",
+        vendored: tuple[str, ...] = ("ulid",),
     ) -> None:
         super().__init__(scope, id)
         self.log_group = logs.LogGroup(
@@ -77,7 +80,7 @@ class PythonFunction(Construct):
             runtime=RUNTIME,
             architecture=ARCHITECTURE,
             handler="app.handler",
-            code=lambda_.Code.from_asset(stage_lambda_code(code)),
+            code=lambda_.Code.from_asset(stage_lambda_code(code, vendored=vendored)),
             environment=env,
             timeout=timeout,
             memory_size=memory_mib,

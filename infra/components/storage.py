@@ -62,8 +62,8 @@ class JobTable(Construct):
 class DataBucket(Construct):
     """The S3 bucket of large inputs and outputs: SSE-S3, block public access, TLS-only policy,
     objects owned by the bucket owner, server access logs to a second bucket, and expiry of
-    ``inputs/``, ``outputs/`` and ``uploads/`` after ``expiry_days`` (plus cleanup of incomplete multipart
-    uploads after one day).
+    ``inputs/``, ``outputs/`` and ``uploads/`` after ``expiry_days`` (plus cleanup of incomplete
+    multipart uploads after one day).
 
     Args:
         expiry_days: days after creation that objects under the expiring prefixes are deleted.

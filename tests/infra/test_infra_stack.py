@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-
 from typing import Any
 
 from aws_cdk.assertions import Match
@@ -66,7 +65,11 @@ def test_each_model_has_a_queue_per_priority_class_sharing_one_dlq(any_mode: Any
         if p.get("Description") == "asyncinfer REST API"
     )
     models = api_env["ASYNCINFER_MODELS"].split(",")
-    redriven = [p for p in any_mode.props("AWS::SQS::Queue") if "RedrivePolicy" in p]
+    redriven = [
+        p
+        for p in any_mode.props("AWS::SQS::Queue")
+        if "RedrivePolicy" in p and p["RedrivePolicy"]["maxReceiveCount"] != 100
+    ]
     targets = {json.dumps(p["RedrivePolicy"]["deadLetterTargetArn"]) for p in redriven}
     assert len(redriven) == 3 * len(models)
     assert len(targets) == len(models)
@@ -129,8 +132,9 @@ def test_data_bucket_is_private_encrypted_and_expires_inputs_and_outputs(any_mod
 
 def test_three_priority_queues_and_one_dlq_per_model(any_mode: Any) -> None:
     queues = any_mode.props("AWS::SQS::Queue")
-    assert len(queues) == 4 * len(MODELS)
-    main = [q for q in queues if "RedrivePolicy" in q]
+    assert len(queues) == 4 * len(MODELS) + 2  # + the webhook queue and its DLQ
+    main = [q for q in queues if q.get("RedrivePolicy", {}).get("maxReceiveCount") != 100]
+    main = [q for q in main if "RedrivePolicy" in q]
     assert len(main) == 3 * len(MODELS)
     for q in main:
         assert q["RedrivePolicy"]["maxReceiveCount"] == 3
@@ -142,7 +146,7 @@ def test_three_priority_queues_and_one_dlq_per_model(any_mode: Any) -> None:
 
 def test_every_queue_policy_denies_plain_http(any_mode: Any) -> None:
     policies = any_mode.props("AWS::SQS::QueuePolicy")
-    assert sum(len(p["Queues"]) for p in policies) == 4 * len(MODELS)
+    assert sum(len(p["Queues"]) for p in policies) == 4 * len(MODELS) + 2
     for p in policies:
         assert _denies_insecure_transport(p["PolicyDocument"]["Statement"])
 
@@ -264,3 +268,24 @@ def test_outputs(any_mode: Any) -> None:
     assert {"ApiUrl", "ApiKeyId", "EventsTopicArn", "TableName", "BucketName", "QueueUrls"} <= set(
         any_mode.template["Outputs"]
     )
+
+
+def test_webhook_queue_subscribes_raw_and_feeds_the_dispatcher(any_mode: Any) -> None:
+    subs = [s for s in any_mode.props("AWS::SNS::Subscription") if s.get("Protocol") == "sqs"]
+    assert any(s.get("RawMessageDelivery") is True for s in subs)
+    dispatcher = [
+        p
+        for p in any_mode.props("AWS::Lambda::Function")
+        if "webhook dispatcher" in p.get("Description", "")
+    ]
+    assert len(dispatcher) == 1
+    env = dispatcher[0]["Environment"]["Variables"]
+    assert {"ASYNCINFER_WEBHOOK_QUEUE_URL", "ASYNCINFER_WEBHOOK_DLQ_URL"} <= set(env)
+    assert "VpcConfig" not in dispatcher[0]
+    mappings = [
+        m
+        for m in any_mode.props("AWS::Lambda::EventSourceMapping")
+        if "Dispatcher" in str(m["FunctionName"])
+    ]
+    assert len(mappings) == 1
+    assert mappings[0]["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
