@@ -2,9 +2,10 @@
 proxy event the API Lambda receives in AWS, checks the ``x-api-key`` header as an API key with a
 usage plan would, and invokes the handler in the local Lambda pool.
 
-Like API Gateway: a missing or unknown key is 403 ``{"message": "Forbidden"}`` (``/v1/health``
-needs none); the key's id is ``requestContext.identity.apiKeyId``; bodies above 10 MB are refused
-with 413 before the handler runs (the spec's error body, as the CDK app's gateway responses do).
+Like API Gateway with the CDK app's gateway responses (``infra/components/api.py``): a missing
+or unknown key is 403 with the error body ``{"error": {"code": "forbidden", ...}}``
+(``/v1/health`` needs none); the key's id is ``requestContext.identity.apiKeyId``; bodies above
+10 MB are refused with 413 ``payload_too_large`` before the handler runs.
 """
 
 from __future__ import annotations
@@ -156,7 +157,9 @@ class LocalGateway:
                 key = self.headers.get("x-api-key")
                 key_id = gateway.api_keys.get(key or "")
                 if path not in PUBLIC_PATHS and key_id is None:
-                    self._json(403, {"message": "Forbidden"})
+                    self._json(
+                        403, {"error": {"code": "forbidden", "message": "Forbidden", "details": []}}
+                    )
                     return
                 event = build_event(
                     self.command,
