@@ -227,6 +227,10 @@ class AsyncInferStack(Stack):
             for q in self.queues.class_queues.values():
                 q.grant(self.backlog_fn, "sqs:GetQueueAttributes")
             self.ecs.grant_describe_services(self.backlog_fn)
+            # Wake-on-submit: the API takes a service at zero to one task at once.
+            self.ecs.grant_wake(self.api_fn)
+            self.api_fn.add_environment("ASYNCINFER_ECS_CLUSTER", self.ecs.cluster.cluster_name)
+            self.api_fn.add_environment("ASYNCINFER_ECS_SERVICES", self.ecs.service_names_json())
             events.Rule(
                 self,
                 "BacklogSchedule",
@@ -272,6 +276,10 @@ class AsyncInferStack(Stack):
                 **fn_common,
             ).function
             self.sagemaker.grant_invoke_async(self.bridge_fn)
+            self.sagemaker.grant_wake(self.api_fn)
+            self.api_fn.add_environment(
+                "ASYNCINFER_SAGEMAKER_ENDPOINTS", self.sagemaker.endpoint_names_json()
+            )
             self.table.grant_read_write_data(self.bridge_fn)
             self.bucket.grant_read_write(self.bridge_fn, "inputs/*")
             self.events_topic.grant_publish(self.bridge_fn)

@@ -254,6 +254,15 @@ class EcsWorkers(Construct):
             resource_arns=[s.service_arn for s in self.services.values()],
         )
 
+    def grant_wake(self, grantee: iam.IGrantable) -> None:
+        """Allow wake-on-submit (:mod:`asyncinfer.scaling.wake`): ``ecs:DescribeServices`` and
+        ``ecs:UpdateService`` on the worker services, to take one from 0 to 1 task."""
+        iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["ecs:DescribeServices", "ecs:UpdateService"],
+            resource_arns=[s.service_arn for s in self.services.values()],
+        )
+
     def service_names_json(self) -> str:
         """``{model: service_name}`` as JSON (``ASYNCINFER_ECS_SERVICES``)."""
         return Stack.of(self).to_json_string({m: s.service_name for m, s in self.services.items()})

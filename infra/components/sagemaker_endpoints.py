@@ -210,6 +210,19 @@ class SageMakerEndpoints(Construct):
             ],
         )
 
+    def grant_wake(self, grantee: iam.IGrantable) -> None:
+        """Allow wake-on-submit (:mod:`asyncinfer.scaling.wake`): ``sagemaker:DescribeEndpoint``
+        and ``sagemaker:UpdateEndpointWeightsAndCapacities`` on these endpoints."""
+        stack = Stack.of(self)
+        iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["sagemaker:DescribeEndpoint", "sagemaker:UpdateEndpointWeightsAndCapacities"],
+            resource_arns=[
+                stack.format_arn(service="sagemaker", resource="endpoint", resource_name=n)
+                for n in self.endpoint_names.values()
+            ],
+        )
+
     def endpoint_names_json(self) -> str:
         """``{model: endpoint_name}`` as JSON (``ASYNCINFER_SAGEMAKER_ENDPOINTS``)."""
         return Stack.of(self).to_json_string(self.endpoint_names)

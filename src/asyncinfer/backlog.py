@@ -117,20 +117,23 @@ def _service_counts(
 
 
 def measure(config: BacklogConfig, *, sqs: Any, ecs: Any) -> dict[str, dict[str, int | float]]:
-    """model -> metric values, from GetQueueAttributes and DescribeServices."""
+    """model -> metric values, from GetQueueAttributes and DescribeServices. A model's priority
+    class queues (``<model>#high``, ``<model>#low`` keys) add up into its backlog."""
     counts = _service_counts(ecs, config.cluster, config.services) if config.services else {}
-    out: dict[str, dict[str, int | float]] = {}
-    for model, url in config.queue_urls.items():
+    totals: dict[str, list[int]] = {}
+    for key, url in config.queue_urls.items():
         attrs = sqs.get_queue_attributes(
             QueueUrl=url,
             AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
         )["Attributes"]
+        t = totals.setdefault(key.split("#", 1)[0], [0, 0])
+        t[0] += int(attrs.get("ApproximateNumberOfMessages", 0))
+        t[1] += int(attrs.get("ApproximateNumberOfMessagesNotVisible", 0))
+    out: dict[str, dict[str, int | float]] = {}
+    for model, (visible, in_flight) in totals.items():
         running, desired = counts.get(model, (0, 0))
         out[model] = backlog_point(
-            visible=int(attrs.get("ApproximateNumberOfMessages", 0)),
-            in_flight=int(attrs.get("ApproximateNumberOfMessagesNotVisible", 0)),
-            running=running,
-            desired=desired,
+            visible=visible, in_flight=in_flight, running=running, desired=desired
         )
     return out
 

@@ -17,6 +17,10 @@ Environment variables (all optional unless a component needs the resource):
 ``ASYNCINFER_INLINE_INPUT_BYTES``   inputs larger than this travel through S3 (65536)
 ``ASYNCINFER_RECORD_RETENTION``     seconds a job record lives after creation (TTL; 30 days)
 ``ASYNCINFER_MODEL_CACHE``          where converted checkpoints are cached (~/.cache/asyncinfer)
+``ASYNCINFER_MAX_BATCH_SIZE``       most jobs a worker runs together (default: the model's)
+``ASYNCINFER_MAX_WAIT_MS``          how long a worker gathers a batch once a job is in hand (50)
+``ASYNCINFER_TOKEN_BUDGET``         generation: most prompt + max_new_tokens tokens across the
+                                    jobs of a batch (32768); a job over it alone fails
 ``ASYNCINFER_LOCAL``                ``1`` on the local stack: webhooks may use http and loopback
 ``ASYNCINFER_WEBHOOK_QUEUE_URL``    SQS queue of the webhook dispatcher (subscribed to the topic)
 ``ASYNCINFER_WEBHOOK_DLQ_URL``      where webhook events go after the retry window
@@ -68,6 +72,9 @@ class Settings(BaseModel):
     inline_input_limit_bytes: int = 64 * 1024
     record_retention_seconds: int = 30 * 24 * 3600
     model_cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "asyncinfer")
+    max_batch_size: int = 0
+    max_wait_ms: float = 50.0
+    token_budget: int = 32768
     local_mode: bool = False
     webhook_queue_url: str = ""
     webhook_dlq_url: str = ""
@@ -137,6 +144,9 @@ class Settings(BaseModel):
         take("ASYNCINFER_INLINE_INPUT_BYTES", "inline_input_limit_bytes", int)
         take("ASYNCINFER_RECORD_RETENTION", "record_retention_seconds", int)
         take("ASYNCINFER_MODEL_CACHE", "model_cache_dir", Path)
+        take("ASYNCINFER_MAX_BATCH_SIZE", "max_batch_size", int)
+        take("ASYNCINFER_MAX_WAIT_MS", "max_wait_ms", float)
+        take("ASYNCINFER_TOKEN_BUDGET", "token_budget", int)
         take("ASYNCINFER_WEBHOOK_QUEUE_URL", "webhook_queue_url")
         take("ASYNCINFER_WEBHOOK_DLQ_URL", "webhook_dlq_url")
         take("ASYNCINFER_WEBHOOK_RETRY_BASE", "webhook_retry_base_seconds", float)

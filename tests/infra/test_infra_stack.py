@@ -289,3 +289,19 @@ def test_webhook_queue_subscribes_raw_and_feeds_the_dispatcher(any_mode: Any) ->
     ]
     assert len(mappings) == 1
     assert mappings[0]["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+
+
+def test_api_can_wake_a_backend_at_zero(any_mode: Any) -> None:
+    api = next(
+        p
+        for p in any_mode.props("AWS::Lambda::Function")
+        if p.get("Description") == "asyncinfer REST API"
+    )
+    env = api["Environment"]["Variables"]
+    statements = json.dumps([p["PolicyDocument"] for p in any_mode.props("AWS::IAM::Policy")])
+    if any_mode.mode == "ecs":
+        assert {"ASYNCINFER_ECS_CLUSTER", "ASYNCINFER_ECS_SERVICES"} <= set(env)
+        assert "ecs:UpdateService" in statements
+    else:
+        assert "ASYNCINFER_SAGEMAKER_ENDPOINTS" in env
+        assert "sagemaker:UpdateEndpointWeightsAndCapacities" in statements

@@ -97,14 +97,16 @@ class Worker:
         *,
         handler: ModelHandler | None = None,
         max_batch_size: int | None = None,
-        max_wait_seconds: float = 0.05,
+        max_wait_seconds: float | None = None,
     ) -> None:
         self.settings = settings
         self.spec: ModelSpec = MODELS[model]
         self.queues = settings.priority_queues(model)
         self.handler = handler
-        self.max_batch_size = max_batch_size or self.spec.max_batch_size
-        self.max_wait_seconds = max_wait_seconds
+        self.max_batch_size = max_batch_size or settings.max_batch_size or self.spec.max_batch_size
+        self.max_wait_seconds = (
+            max_wait_seconds if max_wait_seconds is not None else settings.max_wait_ms / 1000
+        )
         self.store = JobStore(settings)
         self.payloads = PayloadStore(settings)
         self.events = EventPublisher(settings, self.payloads)
@@ -158,10 +160,14 @@ class Worker:
         self.max_jobs = max_jobs
         self.load()
         assert self.handler is not None
-        for priority, url in self.queues.items():
+        pollers = [
             threading.Thread(
                 target=self._poll_loop, args=(priority, url), name=f"poll-{priority}", daemon=True
-            ).start()
+            )
+            for priority, url in self.queues.items()
+        ]
+        for t in pollers:
+            t.start()
         threading.Thread(target=self._watch_loop, name="watcher", daemon=True).start()
         log.info("worker ready: model=%s queues=%s", self.spec.id, ",".join(self.queues))
         try:
@@ -169,6 +175,11 @@ class Worker:
         finally:
             self.stop_event.set()
             self._flush_deletes()
+            # A long poll in flight may still return messages: wait for it, so that they are
+            # released now rather than left invisible until their visibility timeout.
+            deadline = time.monotonic() + self.settings.receive_wait_seconds + 5
+            for t in pollers:
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
             self._release_unstarted()
             self.protection.set(busy=False)
         log.info("worker stopped")
