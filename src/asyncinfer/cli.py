@@ -1,5 +1,7 @@
 """The ``asyncinfer`` command: ``local`` (the local stack), ``worker`` (one worker process),
-``prepare`` (convert model checkpoints once)."""
+``prepare`` (convert model checkpoints once), and the client commands (``submit``, ``get``,
+``wait``, ``cancel``, ``ls``, ``batch``, ``models``, ``webhook-secret``, ``verify-webhook``; see
+:mod:`asyncinfer.client._cli` for their output and exit codes)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ def _local(args: argparse.Namespace) -> int:
             extra_keys=args.extra_key or [],
             visibility_timeout=args.visibility_timeout,
             max_receive_count=args.max_receive_count,
+            min_workers=args.min_workers,
+            idle_seconds=args.idle_seconds,
+            backlog_per_worker=args.backlog_per_worker,
         )
     )
 
@@ -57,7 +62,24 @@ def build_parser() -> argparse.ArgumentParser:
     lp = sub.add_parser("local", help="run the whole service on this machine")
     lp.add_argument("--port", type=int, default=8000, help="API port on 127.0.0.1 (8000)")
     lp.add_argument("--models", default="", help="comma list of model ids (default: all)")
-    lp.add_argument("--max-workers", type=int, default=1, help="worker processes per model (1)")
+    lp.add_argument(
+        "--max-workers", type=int, default=1, help="most worker processes per model (1)"
+    )
+    lp.add_argument(
+        "--min-workers", type=int, default=0, help="fewest worker processes per model (0)"
+    )
+    lp.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=60.0,
+        help="seconds without jobs before workers scale in to --min-workers (60)",
+    )
+    lp.add_argument(
+        "--backlog-per-worker",
+        type=float,
+        default=1.0,
+        help="target backlog per worker the autoscaler scales out on (1)",
+    )
     lp.add_argument("--state-dir", default=".asyncinfer", help="where local.json goes")
     lp.add_argument("--extra-key", action="append", metavar="NAME", help="another API key")
     lp.add_argument("--visibility-timeout", type=int, default=30, help="seconds (30)")
@@ -71,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     pp = sub.add_parser("prepare", help="convert the SmolLM2 GGUF file to a cached checkpoint")
     pp.set_defaults(func=_prepare)
+
+    from asyncinfer.client._cli import add_commands
+
+    add_commands(sub)
     return p
 
 

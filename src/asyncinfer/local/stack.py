@@ -29,15 +29,21 @@ from typing import Any
 import httpx
 
 from asyncinfer import clients, logs
+from asyncinfer.local.autoscaler import LocalAutoscaler, sqs_queue_counts
 from asyncinfer.local.gateway import LocalGateway
 from asyncinfer.local.lambda_runtime import LambdaPool
 from asyncinfer.local.resources import Resources, create_resources
 from asyncinfer.models.registry import MODELS
+from asyncinfer.scaling.policy import ScalingConfig
 from asyncinfer.settings import Settings
+from asyncinfer.sweeper import expire_due
+from asyncinfer.webhooks.pump import WEBHOOK_HANDLER, pump_once
 
 log = logging.getLogger("asyncinfer.local")
 
 DLQ_HANDLER = "asyncinfer.dlq:lambda_handler"
+#: How often the expiry sweeper runs on the local stack, seconds.
+SWEEP_SECONDS = 5.0
 #: Seconds a worker gets between SIGTERM and SIGKILL when the stack stops.
 WORKER_STOP_SECONDS = 10.0
 
@@ -54,6 +60,17 @@ class LocalOptions:
     visibility_timeout: int = 30
     max_receive_count: int = 3
     drain_seconds: float = 5.0
+    #: Autoscaling (asyncinfer.scaling.policy): workers per model go between ``min_workers`` and
+    #: ``max_workers``; to ``min_workers`` after ``idle_seconds`` without jobs.
+    min_workers: int = 0
+    idle_seconds: float = 60.0
+    backlog_per_worker: float = 1.0
+    scale_interval: float = 0.5
+    #: ``--max-batch-size`` of each worker (default: the model's).
+    worker_max_batch_size: int | None = None
+    #: Workers' ReceiveMessage WaitTimeSeconds. Short, because a stopping worker waits for its
+    #: last long poll (to release what it returns), and scale-in and Ctrl-C should be quick.
+    worker_receive_wait: int = 2
 
 
 def free_port() -> int:
@@ -80,7 +97,7 @@ class LocalStack:
             raise SystemExit(f"unknown model(s) {unknown}; known: {sorted(MODELS)}")
         self.opts = opts
         self.stop_event = threading.Event()
-        self.procs: dict[str, list[subprocess.Popen[bytes]]] = {}
+        self.autoscaler: LocalAutoscaler | None = None
         self.moto: subprocess.Popen[bytes] | None = None
         self.pool: LambdaPool | None = None
         self.gateway: LocalGateway | None = None
@@ -131,11 +148,28 @@ class LocalStack:
         self.gateway = LocalGateway(self.pool, keys, opts.port)
         self.gateway.start()
 
-        for model in opts.models:
-            self.procs[model] = [self._spawn_worker(model) for _ in range(opts.max_workers)]
+        # Workers: none at start; the autoscaler runs the scaling policy (and replaces dead ones).
+        self.autoscaler = LocalAutoscaler(
+            models=opts.models,
+            config=ScalingConfig(
+                backlog_per_worker=opts.backlog_per_worker,
+                idle_seconds=opts.idle_seconds,
+                min_workers=opts.min_workers,
+                max_workers=opts.max_workers,
+            ),
+            spawn=self._spawn_worker,
+            queue_counts=sqs_queue_counts(
+                clients.client("sqs", self.settings),
+                {m: self.settings.priority_queues(m) for m in opts.models},
+            ),
+            busy_dir=opts.state_dir / "workers",
+            interval=opts.scale_interval,
+        )
+        self.autoscaler.start()
         threading.Thread(target=self._event_log_loop, name="events", daemon=True).start()
         threading.Thread(target=self._dlq_loop, name="dlq", daemon=True).start()
-        threading.Thread(target=self._supervise_loop, name="supervise", daemon=True).start()
+        threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True).start()
+        threading.Thread(target=self._webhook_loop, name="webhooks", daemon=True).start()
 
         doc = {
             "api_url": self.gateway.url,
@@ -145,6 +179,8 @@ class LocalStack:
             "region": "us-east-1",
             "queues": self.resources.queues,
             "dead_letter_queues": self.resources.dlqs,
+            "webhook_queue": self.resources.webhook_queue,
+            "webhook_dead_letter_queue": self.resources.webhook_dlq,
             "table": self.resources.table,
             "bucket": self.resources.bucket,
             "topic_arn": self.resources.topic_arn,
@@ -160,10 +196,18 @@ class LocalStack:
         _wait_http(self.gateway.url + "/v1/health", 60)
         return doc
 
-    def _spawn_worker(self, model: str) -> subprocess.Popen[bytes]:
+    def _spawn_worker(self, model: str, busy_file: Path) -> subprocess.Popen[bytes]:
+        batch = self.opts.worker_max_batch_size
         proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncinfer.worker", "--model", model],
-            env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
+            [sys.executable, "-m", "asyncinfer.worker", "--model", model]
+            + (["--max-batch-size", str(batch)] if batch else []),
+            env={
+                **os.environ,
+                **self.env,
+                "PYTHONUNBUFFERED": "1",
+                "ASYNCINFER_BUSY_FILE": str(busy_file),
+                "ASYNCINFER_RECEIVE_WAIT": str(self.opts.worker_receive_wait),
+            },
             start_new_session=True,  # Ctrl-C reaches the stack, which stops workers in order
         )
         log.info("worker started: model=%s pid=%s", model, proc.pid)
@@ -207,6 +251,14 @@ class LocalStack:
             )
         return len(msgs)
 
+    def _sweep_loop(self) -> None:
+        """The expiry sweeper, every few seconds (a scheduled Lambda in AWS)."""
+        while not self.stop_event.wait(SWEEP_SECONDS):
+            try:
+                expire_due(self.settings)
+            except Exception:
+                log.exception("expiry sweep failed")
+
     def _dlq_loop(self) -> None:
         """Feed each dead-letter queue's messages to the DLQ Lambda handler as SQS events."""
         assert self.resources is not None and self.pool is not None
@@ -241,14 +293,20 @@ class LocalStack:
                     log.exception("DLQ handler failed")
                     time.sleep(1)
 
-    def _supervise_loop(self) -> None:
-        """Restart a worker that died (as ECS replaces a stopped task)."""
-        while not self.stop_event.wait(2):
-            for model, procs in self.procs.items():
-                for i, p in enumerate(procs):
-                    if p.poll() is not None and not self.stop_event.is_set():
-                        log.warning("worker %s exited with %s; restarting", p.pid, p.returncode)
-                        procs[i] = self._spawn_worker(model)
+    def _webhook_loop(self) -> None:
+        """Feed the webhook queue's messages to the webhook dispatcher Lambda handler as SQS
+        events, as the event source mapping does in AWS (see asyncinfer.webhooks.pump)."""
+        assert self.resources is not None and self.pool is not None
+        pool, url = self.pool, self.resources.webhook_queue
+        sqs = clients.client("sqs", self.settings)
+        while not self.stop_event.is_set():
+            try:
+                pump_once(sqs, url, lambda ev: pool.invoke(WEBHOOK_HANDLER, ev, "webhooks"))
+            except Exception:
+                if self.stop_event.is_set():
+                    return
+                log.exception("webhook dispatcher failed")
+                time.sleep(1)
 
     # ------------------------------------------------------------------ stop
     def wait(self) -> None:
@@ -261,7 +319,10 @@ class LocalStack:
         """Stop workers (SIGTERM, then SIGKILL after 10 s), the gateway, the pool, the emulator."""
         self.stop_event.set()
         log.info("stopping")
-        procs = [p for ps in self.procs.values() for p in ps]
+        procs: list[subprocess.Popen[bytes]] = []
+        if self.autoscaler is not None:
+            self.autoscaler.stop()  # no worker starts after this
+            procs = self.autoscaler.processes()
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)

@@ -16,10 +16,13 @@ Definitions (one model, one instant):
 
 Decision (:func:`decide`), clamped to ``min_workers..max_workers``:
 
-1. backlog > 0: ``max(needed, busy)``: scale out on backlog per worker; scale in down to what the
-   backlog needs, never below the busy workers;
+1. backlog > 0: ``max(needed, min(running, needed at target * SCALE_IN_RATIO), busy)``: scale
+   out when the backlog per worker exceeds the target; scale in (down to what the backlog needs)
+   only when it falls below half the target, so that a fluctuating load does not flap; never
+   below the busy workers;
 2. no backlog, some busy worker: ``busy``;
-3. idle for less than ``idle_seconds``: keep one worker warm if one runs (``min(running, 1)``);
+3. idle for less than ``idle_seconds``: keep the running workers (``running``): a pause shorter
+   than the idle period costs no start-up;
 4. idle for ``idle_seconds`` or more: ``min_workers`` (0 by default: scale to zero).
 
 The bounds win over rule 1..4 except that the result is never below ``busy``: a busy worker is
@@ -41,6 +44,9 @@ METRIC_DIMENSION = "Model"
 METRIC_BACKLOG = "Backlog"
 METRIC_BACKLOG_PER_WORKER = "BacklogPerTask"
 METRIC_BACKLOG_WITHOUT_CAPACITY = "BacklogWithoutCapacity"
+#: Hysteresis: with backlog, running workers are kept while the backlog per worker is at least
+#: this fraction of the target (scale out above the target, in below target * ratio).
+SCALE_IN_RATIO = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,12 +134,14 @@ def decide(obs: Observation, cfg: ScalingConfig) -> Decision:
     load = backlog(obs.visible, obs.in_flight)
     busy = max(0, obs.busy)
     if load > 0:
-        want = max(needed_workers(obs.visible, obs.in_flight, cfg.backlog_per_worker), busy)
+        out = needed_workers(obs.visible, obs.in_flight, cfg.backlog_per_worker)
+        keep = needed_workers(obs.visible, obs.in_flight, cfg.backlog_per_worker * SCALE_IN_RATIO)
+        want = max(out, min(max(0, obs.running), keep), busy)
         reason = f"backlog={load}"
     elif busy > 0:
         want, reason = busy, f"busy={busy}"
     elif obs.idle_for < cfg.idle_seconds:
-        want, reason = min(max(0, obs.running), 1), f"idle {obs.idle_for:.0f}s"
+        want, reason = max(0, obs.running), f"idle {obs.idle_for:.0f}s"
     else:
         want, reason = cfg.min_workers, f"idle {obs.idle_for:.0f}s >= {cfg.idle_seconds:g}s"
     desired = max(cfg.min_workers, min(cfg.max_workers, want), busy)
