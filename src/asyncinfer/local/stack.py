@@ -349,6 +349,8 @@ class LocalStack:
                 self.moto.wait(timeout=3)
             except subprocess.TimeoutExpired:
                 self.moto.kill()
+        # The emulator's state is gone: so is what local.json pointed at.
+        (self.opts.state_dir / "local.json").unlink(missing_ok=True)
         log.info("stopped")
 
 
