@@ -135,11 +135,12 @@ class Sim:
 
 # ---------------------------------------------------------------------- controllers
 def ours(cfg: ScalingConfig) -> Callable[[Sim, float, bool], None]:
-    state = {"last_active": 0.0}
+    state = {"last_active": 0.0, "last_out": -math.inf}
 
     def control(sim: Sim, t: float, arrived: bool) -> None:
         if arrived and sim.desired == 0:
             sim.set_desired(1)  # wake on submit
+            state["last_out"] = t
         if int(t) % PERIOD:
             return
         visible = sim._queue_len(t)
@@ -153,8 +154,12 @@ def ours(cfg: ScalingConfig) -> Callable[[Sim, float, bool], None]:
             running=len(active),
             busy=busy,
             idle_for=t - state["last_active"],
+            since_scale_out=t - state["last_out"],
         )
-        sim.set_desired(decide(obs, cfg).desired)
+        desired = decide(obs, cfg).desired
+        if desired > sim.desired:
+            state["last_out"] = t
+        sim.set_desired(desired)
 
     return control
 
@@ -241,15 +246,22 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=5.0, help="backlog per instance target")
     ap.add_argument("--idle", type=float, default=600, help="our idle period, s")
     ap.add_argument("--max-workers", type=int, default=8)
+    ap.add_argument(
+        "--cooldown", type=float, default=900, help="our scale-in cooldown after a scale-out, s"
+    )
     args = ap.parse_args()
     startup = args.boot + args.pull + args.load
     cfg = ScalingConfig(
-        backlog_per_worker=args.target, idle_seconds=args.idle, max_workers=args.max_workers
+        backlog_per_worker=args.target,
+        idle_seconds=args.idle,
+        max_workers=args.max_workers,
+        scale_in_cooldown_seconds=args.cooldown,
     )
     print(
         f"start {startup:.0f}s (boot {args.boot:.0f} + pull {args.pull:.0f} + load "
         f"{args.load:.0f}), mean run {args.service:g}s, target {args.target:g}/instance, "
-        f"max {args.max_workers}, our idle period {args.idle:.0f}s, seed {args.seed}\n"
+        f"max {args.max_workers}, our idle period {args.idle:.0f}s, our scale-in cooldown "
+        f"{args.cooldown:.0f}s, seed {args.seed}\n"
     )
     header = (
         f"| {'trace':<8} | {'policy':<26} | {'jobs':>5} | {'GPU-h':>6} | {'p50 wait':>8} "

@@ -164,3 +164,15 @@ def test_never_below_busy_over_random_observations() -> None:
         assert d <= max(cfg.max_workers, busy)
         if o.visible + o.in_flight > 0:
             assert d >= 1
+
+
+def test_no_scale_in_with_backlog_during_the_cooldown_after_a_scale_out() -> None:
+    from asyncinfer.scaling.policy import Observation, ScalingConfig, decide
+
+    cfg = ScalingConfig(backlog_per_worker=5, max_workers=8, scale_in_cooldown_seconds=900)
+    low = {"visible": 1, "in_flight": 1, "running": 4, "busy": 1, "idle_for": 0.0}
+    assert decide(Observation(**low, since_scale_out=60), cfg).desired == 4
+    assert decide(Observation(**low, since_scale_out=901), cfg).desired == 1
+    # The cooldown holds workers while there is backlog; idleness still scales to zero.
+    idle = {"visible": 0, "in_flight": 0, "running": 4, "busy": 0, "idle_for": 10_000.0}
+    assert decide(Observation(**idle, since_scale_out=60), cfg).desired == 0

@@ -16,6 +16,7 @@ printed as one line::
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import subprocess
 import threading
@@ -93,6 +94,7 @@ class LocalAutoscaler:
         self.workers: dict[str, list[LocalWorker]] = {m: [] for m in models}
         self.draining: list[LocalWorker] = []
         self.last_active: dict[str, float] = {m: time.monotonic() for m in models}
+        self.last_scale_out: dict[str, float] = {}
         self.counts: dict[str, int] = {m: 0 for m in models}
         self.scale_in_wanted: dict[str, int] = {m: 0 for m in models}
         self.stop_event = threading.Event()
@@ -147,6 +149,7 @@ class LocalAutoscaler:
             running=len(workers),
             busy=busy,
             idle_for=now - self.last_active[model],
+            since_scale_out=now - self.last_scale_out.get(model, -math.inf),
         )
 
     def tick(self, model: str) -> Decision:
@@ -157,6 +160,7 @@ class LocalAutoscaler:
             return decision
         workers = self.workers[model]
         if decision.desired > len(workers):
+            self.last_scale_out[model] = time.monotonic()
             for _ in range(decision.desired - len(workers)):
                 self._start_worker(model)
         elif decision.desired < len(workers):

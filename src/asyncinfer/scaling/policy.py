@@ -18,8 +18,9 @@ Decision (:func:`decide`), clamped to ``min_workers..max_workers``:
 
 1. backlog > 0: ``max(needed, min(running, needed at target * SCALE_IN_RATIO), busy)``: scale
    out when the backlog per worker exceeds the target; scale in (down to what the backlog needs)
-   only when it falls below half the target, so that a fluctuating load does not flap; never
-   below the busy workers;
+   only when it falls below half the target, and not within ``scale_in_cooldown_seconds`` of the
+   last scale-out (as target tracking's scale-in cooldown), so that a fluctuating load does not
+   flap and pay worker starts again; never below the busy workers;
 2. no backlog, some busy worker: ``busy``;
 3. idle for less than ``idle_seconds``: keep the running workers (``running``): a pause shorter
    than the idle period costs no start-up;
@@ -60,12 +61,15 @@ class ScalingConfig:
             to ``min_workers``.
         min_workers: floor once idle (0: scale to zero).
         max_workers: ceiling.
+        scale_in_cooldown_seconds: while there is backlog, no scale-in within this many seconds
+            of the last scale-out (0: none).
     """
 
     backlog_per_worker: float = 1.0
     idle_seconds: float = 60.0
     min_workers: int = 0
     max_workers: int = 1
+    scale_in_cooldown_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if self.backlog_per_worker <= 0:
@@ -86,6 +90,7 @@ class Observation:
         running: workers running or starting (not those already told to stop).
         busy: workers holding jobs (scale-in protected).
         idle_for: seconds since the model last had backlog or a busy worker.
+        since_scale_out: seconds since the worker count last rose (infinity: never).
     """
 
     visible: int
@@ -93,6 +98,7 @@ class Observation:
     running: int
     busy: int
     idle_for: float
+    since_scale_out: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,8 @@ def decide(obs: Observation, cfg: ScalingConfig) -> Decision:
     if load > 0:
         out = needed_workers(obs.visible, obs.in_flight, cfg.backlog_per_worker)
         keep = needed_workers(obs.visible, obs.in_flight, cfg.backlog_per_worker * SCALE_IN_RATIO)
+        if obs.since_scale_out < cfg.scale_in_cooldown_seconds:
+            keep = max(keep, obs.running)  # cooling down after a scale-out
         want = max(out, min(max(0, obs.running), keep), busy)
         reason = f"backlog={load}"
     elif busy > 0:
