@@ -11,7 +11,6 @@ import logging
 from functools import lru_cache
 from typing import Any
 
-from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.batch import (
     BatchProcessor,
     EventType,
@@ -25,6 +24,7 @@ from asyncinfer import lifecycle
 from asyncinfer.errors import TransitionRefused
 from asyncinfer.events import EventPublisher
 from asyncinfer.messages import JobMessage
+from asyncinfer.observability import instrument, powertools
 from asyncinfer.settings import Settings, get_settings
 from asyncinfer.store import JobStore
 from asyncinfer.timeutil import iso, now
@@ -88,10 +88,10 @@ def record_handler(record: SQSRecord) -> None:
     _handler().handle(record.body, int(count) if count else None)
 
 
-logger = Logger(service="asyncinfer-dlq")
+logger, tracer, metrics = powertools("asyncinfer-dlq")
 
 
-@logger.inject_lambda_context(clear_state=True)
+@instrument(logger, tracer, metrics)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The DLQ Lambda: fail every dead-lettered job of the SQS batch; the response lists the
     records that raised (``batchItemFailures``) so that only those are retried."""

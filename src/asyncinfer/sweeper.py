@@ -13,12 +13,13 @@ import logging
 import time
 from typing import Any
 
-from aws_lambda_powertools import Logger
+from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from asyncinfer import lifecycle
 from asyncinfer.errors import TransitionRefused
 from asyncinfer.events import EventPublisher
+from asyncinfer.observability import instrument, powertools
 from asyncinfer.settings import Settings, get_settings
 from asyncinfer.store import JobStore
 from asyncinfer.timeutil import iso, now
@@ -60,10 +61,12 @@ def expire_due(settings: Settings, *, limit: int = 500) -> list[str]:
     return expired
 
 
-logger = Logger(service="asyncinfer-sweeper")
+logger, tracer, metrics = powertools("asyncinfer-sweeper")
 
 
-@logger.inject_lambda_context(clear_state=True)
+@instrument(logger, tracer, metrics)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    """The scheduled sweeper Lambda: ``{"expired": <count>}``."""
-    return {"expired": len(expire_due(get_settings()))}
+    """The scheduled sweeper Lambda: ``{"expired": <count>}``; metric ``JobsExpired``."""
+    count = len(expire_due(get_settings()))
+    metrics.add_metric(name="JobsExpired", unit=MetricUnit.Count, value=count)
+    return {"expired": count}

@@ -18,12 +18,12 @@ from datetime import timedelta
 from functools import lru_cache
 from typing import Annotated, Any
 
-from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
+from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from ulid import ULID
 
@@ -32,11 +32,12 @@ from asyncinfer.api.schemas import ErrorBody, JobList, JobRequest, JobView, Uplo
 from asyncinfer.errors import ApiError, InvalidJson, InvalidRequest, NotFound, PayloadTooLarge
 from asyncinfer.jobs import JobService
 from asyncinfer.lifecycle import STATUSES
+from asyncinfer.observability import instrument, powertools
 from asyncinfer.settings import get_settings
 from asyncinfer.timeutil import iso, now
 from asyncinfer.webhooks.secrets import SecretStore, WebhookSecretView
 
-logger = Logger(service="asyncinfer-api")
+logger, tracer, metrics = powertools("asyncinfer-api")
 
 #: Largest request body the handler takes, bytes. A Lambda proxy request is capped at 6 MB;
 #: larger inputs go through POST /v1/uploads.
@@ -107,18 +108,24 @@ def submit_job(body: Annotated[JobRequest, Body()]) -> Response[JobView]:
     same key and body return the original job (200), another body 409."""
     key = app.current_event.headers.get("idempotency-key")  # case-insensitive
     job, created = service().submit(tenant(), body, idempotency_key=key)
+    logger.set_correlation_id(job["id"])
+    if created:
+        metrics.add_dimension(name="Model", value=body.model)
+        metrics.add_metric(name="JobsSubmitted", unit=MetricUnit.Count, value=1)
     return json_response(202 if created else 200, job, {"Location": job["urls"]["get"]})
 
 
 @app.get("/v1/jobs/<job_id>")
 def get_job(job_id: str, wait: Annotated[float, Query(ge=0, le=20)] = 0.0) -> JobView:
     """The job object; ``?wait=N`` (0..20 s) holds until the job is terminal or N s pass."""
+    logger.set_correlation_id(job_id)
     return JobView.model_validate(service().get(tenant(), job_id, wait=wait))
 
 
 @app.post("/v1/jobs/<job_id>/cancel")
 def cancel_job(job_id: str) -> JobView:
     """Cancel a job: queued at once, running at the next step; 409 for a terminal job."""
+    logger.set_correlation_id(job_id)
     return JobView.model_validate(service().cancel(tenant(), job_id))
 
 
@@ -241,7 +248,7 @@ def _normalise(event: dict[str, Any]) -> dict[str, Any] | None:
     return event
 
 
-@logger.inject_lambda_context(correlation_id_path="requestContext.requestId", clear_state=True)
+@instrument(logger, tracer, metrics, correlation_id_path="requestContext.requestId")
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The API Lambda's entry point (API Gateway REST proxy integration)."""
     checked = _normalise(event)

@@ -133,6 +133,7 @@ class LocalStack:
             "POWERTOOLS_SERVICE_NAME": "asyncinfer-local",
             "POWERTOOLS_LOG_LEVEL": "WARNING",
             "POWERTOOLS_TRACE_DISABLED": "true",
+            "POWERTOOLS_METRICS_DISABLED": "true",
             "POWERTOOLS_METRICS_NAMESPACE": "asyncinfer",
         }
         # This process talks to the emulator too (resources, DLQ feed, event log).

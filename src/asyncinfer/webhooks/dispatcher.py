@@ -35,7 +35,6 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.batch import (
     BatchProcessor,
     EventType,
@@ -47,6 +46,7 @@ from botocore.exceptions import ClientError
 
 from asyncinfer import clients
 from asyncinfer.api.schemas import TERMINAL_EVENTS
+from asyncinfer.observability import instrument, powertools
 from asyncinfer.settings import Settings, get_settings
 from asyncinfer.store import JobStore
 from asyncinfer.timeutil import iso, now, parse
@@ -331,10 +331,10 @@ def _dispatcher() -> WebhookDispatcher:
 
 
 _handle = make_handler(_dispatcher)
-logger = Logger(service="asyncinfer-webhooks")
+logger, tracer, metrics = powertools("asyncinfer-webhooks")
 
 
-@logger.inject_lambda_context(clear_state=True)
+@instrument(logger, tracer, metrics)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The webhook dispatcher Lambda (SQS event source on the webhook queue, with
     ``ReportBatchItemFailures``)."""

@@ -1,0 +1,47 @@
+"""Powertools Logger, Tracer and Metrics for the Lambdas, built one way everywhere.
+
+Each Lambda module calls :func:`powertools` once at import and wraps its handler with
+:func:`instrument`: structured JSON logs with the Lambda context (the job id becomes the
+correlation id where a handler knows it), an X-Ray trace of the invocation, and EMF metrics in
+namespace ``asyncinfer`` flushed at the end of the invocation. On the local stack the tracer is
+off (``POWERTOOLS_TRACE_DISABLED``) and metrics are not printed (``POWERTOOLS_METRICS_DISABLED``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+
+NAMESPACE = "asyncinfer"
+
+Handler = Callable[[dict[str, Any], Any], Any]
+
+
+def powertools(service: str) -> tuple[Logger, Tracer, Metrics]:
+    """``(logger, tracer, metrics)`` for ``service``."""
+    return (
+        Logger(service=service),
+        Tracer(service=service),
+        Metrics(namespace=NAMESPACE, service=service),
+    )
+
+
+def instrument(
+    logger: Logger,
+    tracer: Tracer,
+    metrics: Metrics,
+    *,
+    correlation_id_path: str | None = None,
+) -> Callable[[Handler], Handler]:
+    """Decorate a Lambda handler with the logger's context injection, the tracer and the
+    metrics flush (in that order, outermost first)."""
+
+    def wrap(fn: Handler) -> Handler:
+        traced = tracer.capture_lambda_handler(metrics.log_metrics(fn))
+        return logger.inject_lambda_context(
+            traced, correlation_id_path=correlation_id_path, clear_state=True
+        )
+
+    return wrap
