@@ -58,6 +58,8 @@ class DeadLetterHandler:
                 msg.job_id,
                 from_status=(lifecycle.QUEUED, lifecycle.RUNNING),
                 to_status=lifecycle.FAILED,
+                # A lost attempt's partial output and progress are not the job's result.
+                remove_fields=("output", "progress_tokens"),
                 set_fields={
                     "completed_at": iso(now()),
                     "error": {

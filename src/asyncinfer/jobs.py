@@ -98,7 +98,7 @@ class JobService:
             "created_at": iso(created),
             "expires_at": iso(expires),
             "timeout_seconds": req.timeout_seconds,
-            "metadata": req.metadata or None,
+            "metadata": json.dumps(req.metadata) if req.metadata else None,
             "webhook": json.dumps(req.webhook.model_dump(mode="json")) if req.webhook else None,
             "ttl": int(created.timestamp()) + self.settings.record_retention_seconds,
             "expires_epoch": int(expires.timestamp()),

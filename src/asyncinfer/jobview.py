@@ -17,6 +17,15 @@ def _seconds_between(a: str | None, b: str | None) -> float | None:
     return round((parse(b) - parse(a)).total_seconds(), 3)
 
 
+def _metadata(value: Any) -> dict[str, str]:
+    """``metadata`` is stored as JSON text (any key is safe there)."""
+    if not value:
+        return {}
+    if isinstance(value, str):
+        return dict(json.loads(value))
+    return dict(value)
+
+
 def render_job(record: dict[str, Any], payloads: PayloadStore | None = None) -> dict[str, Any]:
     """The spec's job object for ``record``.
 
@@ -61,6 +70,6 @@ def render_job(record: dict[str, Any], payloads: PayloadStore | None = None) -> 
         "progress": progress,
         "metrics": metrics,
         "webhook": webhook,
-        "metadata": record.get("metadata") or {},
+        "metadata": _metadata(record.get("metadata")),
         "urls": {"get": f"/v1/jobs/{job_id}", "cancel": f"/v1/jobs/{job_id}/cancel"},
     }

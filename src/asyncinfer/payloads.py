@@ -7,6 +7,7 @@ lifecycle rules expire both prefixes). References are ``s3://bucket/key`` URIs.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from urllib.parse import urlparse
 
@@ -21,8 +22,13 @@ OUTPUT_URL_SECONDS = 3600
 
 
 def dumps(data: Any) -> bytes:
-    """Compact UTF-8 JSON, as stored and as measured against inline limits."""
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact UTF-8 JSON, as stored and as measured against inline limits. Characters UTF-8
+    cannot carry (unpaired surrogates) are written as ``\\uXXXX`` escapes."""
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(data, separators=(",", ":")).encode()
 
 
 class PayloadStore:
@@ -58,7 +64,10 @@ class PayloadStore:
             InvalidInput: missing object, or not JSON (permanent).
             TransientError: any other S3 failure (retryable).
         """
-        bucket, key = split_uri(uri)
+        try:
+            bucket, key = split_uri(uri)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
         try:
             body = self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         except ClientError as exc:
@@ -80,9 +89,18 @@ class PayloadStore:
         return url
 
 
+#: S3 bucket names (S3 user guide, "Bucket naming rules"): 3-63 lowercase letters, digits, dots
+#: and hyphens, beginning and ending with a letter or digit.
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
 def split_uri(uri: str) -> tuple[str, str]:
-    """``s3://bucket/key`` -> ``(bucket, key)``; ``ValueError`` for anything else."""
+    """``s3://bucket/key`` -> ``(bucket, key)``; ``ValueError`` for anything else (a bucket name
+    S3 would refuse, a port or credentials, no key)."""
     parsed = urlparse(uri)
-    if parsed.scheme != "s3" or not parsed.netloc or not parsed.path.strip("/"):
-        raise ValueError(f"not an s3:// URI: {uri!r}")
-    return parsed.netloc, parsed.path.lstrip("/")
+    bucket, key = parsed.netloc, parsed.path.lstrip("/")
+    if parsed.scheme != "s3" or not _BUCKET_RE.match(bucket) or not key.strip("/"):
+        raise ValueError(f"not an s3://bucket/key URI: {uri!r}")
+    if parsed.query or parsed.fragment or len(key.encode()) > 1024:
+        raise ValueError(f"not an s3://bucket/key URI: {uri!r}")
+    return bucket, key

@@ -37,6 +37,7 @@ from botocore.exceptions import ClientError
 
 from asyncinfer import clients, lifecycle
 from asyncinfer.errors import InvalidRequest, TransitionRefused
+from asyncinfer.ids import is_job_id
 from asyncinfer.settings import Settings, get_settings
 
 TENANT_INDEX = "tenant-index"
@@ -375,6 +376,8 @@ def _decode_cursor(cursor: str, tenant: str) -> dict[str, Any]:
         padded = cursor + "=" * (-len(cursor) % 4)
         data = json.loads(base64.urlsafe_b64decode(padded.encode()))
         if not isinstance(data, dict) or set(data) != {"job_id", "tenant"}:
+            raise bad
+        if not is_job_id(str(data["job_id"])):
             raise bad
     except (ValueError, TypeError):
         raise bad from None

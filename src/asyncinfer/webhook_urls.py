@@ -30,8 +30,9 @@ class ForbiddenAddress(ValueError):
 
 
 def parse_host(host: str) -> IPAddress | None:
-    """The IP address a host literal denotes (any numeric form), or ``None`` for a name."""
-    h = host.strip("[]")
+    """The IP address a host literal denotes (any numeric form), or ``None`` for a name. A
+    trailing dot (the DNS root) is ignored: ``10.0.0.1.`` is ``10.0.0.1``."""
+    h = host.strip("[]").rstrip(".")
     try:
         return ipaddress.ip_address(h)
     except ValueError:
@@ -97,12 +98,14 @@ def check_url(url: str, *, local_mode: bool, resolve: bool = True) -> None:
     host = parts.hostname
     if not host:
         raise bad("the URL has no host")
+    if any(c.isspace() for c in url) or any(ord(c) < 0x20 for c in url):
+        raise bad("the URL has whitespace or control characters")
     try:
         literal = parse_host(host)
         if literal is not None:
             check_address(literal, allow_loopback=local_mode)
             return
-        if host.lower() in ("localhost", "localhost.localdomain") and not local_mode:
+        if host.lower().rstrip(".") in ("localhost", "localhost.localdomain") and not local_mode:
             raise ForbiddenAddress("localhost is a loopback address")
         if not resolve:
             return

@@ -204,3 +204,44 @@ def test_sigterm_mid_job_leaves_no_job_running(
     if expected == "queued":
         assert env.queue_counts(env.resources.queues["echo"]) == (1, 0)
         assert types_for(env.events(), job_id)[-1] == "job.queued"
+
+
+def test_a_bad_message_fails_its_own_job_and_spares_the_batch(
+    make_env: Callable[..., Env],
+) -> None:
+    """A job whose input cannot be read (here a message naming an S3 location S3 would refuse,
+    sent past the API's checks) fails with invalid_input; the jobs batched with it succeed and
+    the worker keeps running."""
+    from asyncinfer.messages import JobMessage
+
+    env = make_env()
+    good = [env.submit("echo", {"n": i}) for i in range(4)]
+    bad = env.submit("echo", {"n": "bad"})
+    rec = env.job(bad)
+    # Replace the bad job's message with one whose input_ref S3 would refuse.
+    sqs = clients.client("sqs", env.settings)
+    url = env.resources.queues["echo"]
+    msgs = []
+    while len(msgs) < 5:
+        msgs += sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
+    for m in msgs:
+        sqs.change_message_visibility(
+            QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
+        )
+        if bad in m["Body"]:
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+    forged = JobMessage(
+        job_id=bad,
+        tenant="t1",
+        model="echo",
+        expires_at=rec["expires_at"],
+        timeout_seconds=60,
+        input_ref="s3://asyncinfer-payloads:80/uploads/t1/x.json",
+    )
+    sqs.send_message(QueueUrl=url, MessageBody=forged.dumps())
+    with WorkerThread(env.settings):
+        failed = env.wait_for(bad, {"failed", "succeeded"})
+        for job_id in good:
+            assert env.wait_for(job_id, {"succeeded", "failed"})["status"] == "succeeded"
+    assert failed["status"] == "failed"
+    assert failed["error"]["code"] == "invalid_input"

@@ -113,6 +113,19 @@ def test_malformed_json_is_400_and_stores_nothing(api: ApiCaller, resources: Res
         ({"model": "echo", "input_url": "https://example.com/x"}, "input_url"),
         ({**PARIS, "webhook": {"url": "https://10.0.0.1/hook"}}, "webhook.url"),
         ({**PARIS, "webhook": {"url": "https://x.example", "events": ["job.done"]}}, "webhook"),
+        ({**PARIS, "webhook": {"url": "https://10.0.0.1./hook"}}, "webhook.url"),
+        ({**PARIS, "webhook": {"url": "https://10.0.0.1 /hook"}}, "webhook.url"),
+        ({**PARIS, "metadata": {"": "v"}}, "metadata"),
+        ({**PARIS, "timeout_seconds": True}, "timeout_seconds"),
+        ({**PARIS, "ttl_seconds": "100"}, "ttl_seconds"),
+        ({**PARIS, "input": {**PARIS["input"], "max_new_tokens": True}}, "input.max_new_tokens"),
+        ({**PARIS, "input": {**PARIS["input"], "temperature": True}}, "input.temperature"),
+        ({"model": "echo", "input": {"sleep_seconds": "5"}}, "input.sleep_seconds"),
+        (
+            {"model": "echo", "input_url": "s3://asyncinfer-payloads:80/uploads/tenant-a/x"},
+            "input_url",
+        ),
+        ({"model": "echo", "input_url": "s3://Bad_Bucket/uploads/tenant-a/x"}, "input_url"),
     ],
 )
 def test_invalid_requests_are_422_naming_the_field(
@@ -314,3 +327,60 @@ def test_unknown_route_is_404_in_spec_shape(api: ApiCaller) -> None:
     status, body, _ = api("GET", "/v2/nothing")
     assert status == 404
     assert body["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "echo", "input": {"x": NaN}}',
+        b'{"model": "echo", "input": {"x": Infinity}}',
+        b'{"model": "echo", "input": {"x": -Infinity}}',
+        b'{"model": "echo", "input": {"s": "\\ud800"}}',
+        b'{"model": "echo", "input": {"a": ' + b"[" * 5000 + b"]" * 5000 + b"}}",
+        b"",
+    ],
+)
+def test_strict_json_or_400(api: ApiCaller, resources: Resources, raw: bytes) -> None:
+    status, resp, _ = api("POST", "/v1/jobs", raw=raw)
+    assert status == 400, resp
+    assert resp["error"]["code"] == "invalid_json"
+    assert stored_items(resources) == 0
+
+
+def test_body_that_is_not_utf8_is_400(resources: Resources) -> None:
+    from asyncinfer.api.app import handler
+    from asyncinfer.local.gateway import build_event
+    from asyncinfer.local.lambda_runtime import LocalContext
+
+    event = build_event(
+        "POST",
+        "/v1/jobs",
+        [("content-type", "application/json")],
+        b'{"model": "echo", "input": {"x": "\xff\xfe"}}',
+        api_key="k",
+        api_key_id="tenant-a",
+        source_ip="127.0.0.1",
+    )
+    assert event["isBase64Encoded"] is True
+    resp = handler(event, LocalContext())
+    assert resp["statusCode"] == 400
+    assert json.loads(resp["body"])["error"]["code"] == "invalid_json"
+
+
+def test_forged_cursor_is_422(api: ApiCaller) -> None:
+    import base64
+
+    forged = base64.urlsafe_b64encode(b'{"job_id":"","tenant":"tenant-a"}').decode().rstrip("=")
+    status, resp, _ = api("GET", f"/v1/jobs?cursor={forged}")
+    assert status == 422
+    assert resp["error"]["details"][0]["field"] == "cursor"
+
+
+def test_metadata_with_any_key_round_trips(api: ApiCaller) -> None:
+    meta = {"a.b": "1", "emoji 🚀": "✓", "k" * 100: "v"}
+    status, job, _ = api("POST", "/v1/jobs", {"model": "echo", "input": {}, "metadata": meta})
+    assert status == 202
+    _, got, _ = api("GET", f"/v1/jobs/{job['id']}")
+    assert got["metadata"] == meta
+    _, page, _ = api("GET", "/v1/jobs")
+    assert page["jobs"][0]["metadata"] == meta

@@ -13,6 +13,7 @@ and status; Powertools' ``RequestValidationError`` becomes 400 ``invalid_json`` 
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import timedelta
 from functools import lru_cache
@@ -23,7 +24,7 @@ from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
-from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from ulid import ULID
 
@@ -32,7 +33,7 @@ from asyncinfer.api.schemas import ErrorBody, JobList, JobRequest, JobView, Uplo
 from asyncinfer.errors import ApiError, InvalidJson, InvalidRequest, NotFound, PayloadTooLarge
 from asyncinfer.jobs import JobService
 from asyncinfer.lifecycle import STATUSES
-from asyncinfer.observability import instrument, powertools
+from asyncinfer.observability import NAMESPACE, instrument, powertools
 from asyncinfer.settings import get_settings
 from asyncinfer.timeutil import iso, now
 from asyncinfer.webhooks.secrets import SecretStore, WebhookSecretView
@@ -110,8 +111,10 @@ def submit_job(body: Annotated[JobRequest, Body()]) -> Response[JobView]:
     job, created = service().submit(tenant(), body, idempotency_key=key)
     logger.set_correlation_id(job["id"])
     if created:
-        metrics.add_dimension(name="Model", value=body.model)
-        metrics.add_metric(name="JobsSubmitted", unit=MetricUnit.Count, value=1)
+        with single_metric(
+            name="JobsSubmitted", unit=MetricUnit.Count, value=1, namespace=NAMESPACE
+        ) as metric:
+            metric.add_dimension(name="Model", value=body.model)
     return json_response(202 if created else 200, job, {"Location": job["urls"]["get"]})
 
 
@@ -227,14 +230,55 @@ def on_unexpected(exc: Exception) -> Response:
 
 
 # ---------------------------------------------------------------------------- entry point
-def _normalise(event: dict[str, Any]) -> dict[str, Any] | None:
-    """Guards before routing: JSON as the only body type. ``None`` when the body is too large."""
-    body = event.get("body") or ""
-    if len(body.encode() if isinstance(body, str) else body) > MAX_BODY_BYTES:
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _body_error(event: dict[str, Any]) -> ApiError | None:
+    """Check the body before routing, as strict JSON: too large (413); not UTF-8, not JSON,
+    ``NaN``/``Infinity``, nested too deeply, or unpaired surrogates (400 ``invalid_json``); and
+    no body at all where one is required (400). ``None`` when the body is fine."""
+    raw = event.get("body")
+    if raw is None or raw == "":
+        if event.get("httpMethod") == "POST" and (event.get("path") or "") == "/v1/jobs":
+            return InvalidJson("the request body is empty; send a JSON object")
         return None
+    data: bytes
+    if event.get("isBase64Encoded"):
+        try:
+            data = base64.b64decode(raw)
+        except ValueError:
+            return InvalidJson("the request body is not valid base64")
+    else:
+        data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if len(data) > MAX_BODY_BYTES:
+        return PayloadTooLarge(
+            f"request body is larger than {MAX_BODY_BYTES} bytes; "
+            "upload large inputs with POST /v1/uploads and submit input_url"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return InvalidJson("the request body is not UTF-8")
+    try:
+        parsed = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        return InvalidJson("the request body is nested too deeply")
+    except ValueError as exc:
+        return InvalidJson(f"the request body is not valid JSON: {exc}")
+    try:
+        json.dumps(parsed, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return InvalidJson("the request body has an unpaired UTF-16 surrogate escape (\\uD800)")
+    except RecursionError:
+        return InvalidJson("the request body is nested too deeply")
+    return None
+
+
+def _normalise(event: dict[str, Any]) -> dict[str, Any]:
+    """The API takes JSON only: treat a missing or other content type as JSON (curl -d sends form
+    encoding by default) rather than parsing forms."""
     headers = event.get("headers") or {}
-    # The API takes JSON only: treat a missing or other content type as JSON (curl -d sends
-    # form encoding by default) rather than parsing forms.
     for name in list(headers):
         if name.lower() == "content-type":
             del headers[name]
@@ -251,16 +295,12 @@ def _normalise(event: dict[str, Any]) -> dict[str, Any] | None:
 @instrument(logger, tracer, metrics, correlation_id_path="requestContext.requestId")
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The API Lambda's entry point (API Gateway REST proxy integration)."""
-    checked = _normalise(event)
-    if checked is None:
-        exc = PayloadTooLarge(
-            f"request body is larger than {MAX_BODY_BYTES} bytes; "
-            "upload large inputs with POST /v1/uploads and submit input_url"
-        )
+    error = _body_error(event)
+    if error is not None:
         return {
-            "statusCode": exc.http_status,
+            "statusCode": error.http_status,
             "headers": {"Content-Type": "application/json"},
-            "body": json.dumps(exc.body()),
+            "body": json.dumps(error.body()),
             "isBase64Encoded": False,
         }
-    return app.resolve(checked, context)
+    return app.resolve(_normalise(event), context)

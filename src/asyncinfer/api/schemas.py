@@ -3,9 +3,16 @@ and generate the OpenAPI document."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 EventType = Literal[
     "job.queued", "job.started", "job.succeeded", "job.failed", "job.cancelled", "job.expired"
@@ -15,6 +22,7 @@ TERMINAL_EVENTS: list[EventType] = ["job.succeeded", "job.failed", "job.cancelle
 #: Limits of ``metadata`` (spec: "a flat object of at most 16 string values, 2 KB in all").
 METADATA_MAX_KEYS = 16
 METADATA_MAX_BYTES = 2048
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 
 
 class WebhookRequest(BaseModel):
@@ -40,10 +48,14 @@ class JobRequest(BaseModel):
         description="s3:// location of the input, e.g. the input_url of POST /v1/uploads",
     )
     priority: Literal["high", "normal", "low"] = "normal"
-    ttl_seconds: int = Field(default=21600, ge=10, le=259200, description="Max seconds queued")
-    timeout_seconds: int = Field(default=900, ge=1, le=3600, description="Max run seconds")
+    ttl_seconds: int = Field(
+        default=21600, ge=10, le=259200, strict=True, description="Max seconds queued"
+    )
+    timeout_seconds: int = Field(
+        default=900, ge=1, le=3600, strict=True, description="Max run seconds"
+    )
     webhook: WebhookRequest | None = None
-    metadata: dict[str, str] = Field(default_factory=dict)
+    metadata: dict[MetadataKey, str] = Field(default_factory=dict)
 
     @field_validator("metadata")
     @classmethod

@@ -108,6 +108,10 @@ def build_event(
     }
 
 
+def _error(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "details": []}}
+
+
 class LocalGateway:
     """Serves the API on ``127.0.0.1:port`` until :meth:`stop`.
 
@@ -143,7 +147,18 @@ class LocalGateway:
                 self._send(status, json.dumps(obj).encode(), {"Content-Type": "application/json"})
 
             def _handle(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
+                if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+                    self.close_connection = True
+                    self._json(411, _error("invalid_json", "send a Content-Length; no chunks"))
+                    return
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                    if length < 0:
+                        raise ValueError
+                except ValueError:
+                    self.close_connection = True
+                    self._json(400, _error("invalid_json", "bad Content-Length header"))
+                    return
                 if length > GATEWAY_MAX_BODY_BYTES:
                     self.close_connection = True
                     exc = PayloadTooLarge(
@@ -183,9 +198,13 @@ class LocalGateway:
                 data = base64.b64decode(raw) if resp.get("isBase64Encoded") else raw.encode()
                 self._send(int(resp.get("statusCode", 200)), data, out_headers)
 
-            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _handle
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _handle
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            request_queue_size = 128  # bursts of clients, not socketserver's 5
+
+        self.server = Server(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)

@@ -45,7 +45,7 @@ DLQ_HANDLER = "asyncinfer.dlq:lambda_handler"
 #: How often the expiry sweeper runs on the local stack, seconds.
 SWEEP_SECONDS = 5.0
 #: Seconds a worker gets between SIGTERM and SIGKILL when the stack stops.
-WORKER_STOP_SECONDS = 10.0
+WORKER_STOP_SECONDS = 9.0
 
 
 @dataclass(kw_only=True)
@@ -59,7 +59,7 @@ class LocalOptions:
     extra_keys: list[str] = field(default_factory=list)
     visibility_timeout: int = 30
     max_receive_count: int = 3
-    drain_seconds: float = 5.0
+    drain_seconds: float = 4.0
     #: Autoscaling (asyncinfer.scaling.policy): workers per model go between ``min_workers`` and
     #: ``max_workers``; to ``min_workers`` after ``idle_seconds`` without jobs.
     min_workers: int = 0

@@ -27,10 +27,10 @@ class GenerationInput(BaseModel):
 
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=256)
     prompt: str | None = Field(default=None, min_length=1, max_length=200_000)
-    max_new_tokens: int = Field(default=128, ge=1, le=1024)
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    max_new_tokens: int = Field(default=128, ge=1, le=1024, strict=True)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0, strict=True)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, strict=True)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1, strict=True)
     stop: list[str] = Field(default_factory=list, max_length=16)
 
     @model_validator(mode="after")
@@ -57,7 +57,7 @@ class EchoFault(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["retryable", "permanent"]
-    attempts: int = Field(default=1_000_000, ge=1)
+    attempts: int = Field(default=1_000_000, ge=1, strict=True)
 
 
 class EchoInput(BaseModel):
@@ -66,5 +66,5 @@ class EchoInput(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    sleep_seconds: float = Field(default=0.0, ge=0.0, le=60.0)
+    sleep_seconds: float = Field(default=0.0, ge=0.0, le=60.0, strict=True)
     fail: EchoFault | None = None

@@ -212,7 +212,16 @@ class Worker:
             if held is None:
                 break
             self.protection.set(busy=True)
-            item = self._start(held)
+            try:
+                item = self._start(held)
+            except Exception:
+                # A fault on one message (AWS, a malformed record) must not take the worker and
+                # the rest of the batch down: give the message back; SQS's maxReceiveCount bounds
+                # how often it comes back before the DLQ handler fails its job.
+                log.exception("could not start the job of message %s", held.message_id)
+                self._running.pop(held.job_id or "", None)
+                self._release([held], delay=self.settings.retry_delay_seconds)
+                continue
             if item is not None:
                 items.append(item)
         self.jobs_done += len(items)
@@ -223,7 +232,15 @@ class Worker:
     def finish(self, item: WorkItem, result: Result) -> None:
         """Record ``item``'s result now; its message is deleted with the next batch of deletes."""
         held, record = self._running.pop(item.job_id)
-        if self._finish(held, record, result):
+        try:
+            done = self._finish(held, record, result)
+        except Exception:
+            # The result could not be recorded (an AWS fault): the message comes back after its
+            # visibility timeout and the next attempt takes over from the job left running.
+            log.exception("could not record the result of job %s", item.job_id)
+            self._release([held], delay=self.settings.visibility_timeout_seconds)
+            return
+        if done:
             self._to_delete.append(held)
             if len(self._to_delete) >= 10:
                 self._flush_deletes()
@@ -441,6 +458,9 @@ class Worker:
         fields: dict[str, Any] = {"completed_at": iso(now())}
         try:
             if isinstance(result, dict):
+                usage = result.get("usage")
+                if isinstance(usage, dict) and "completion_tokens" in usage:
+                    fields["progress_tokens"] = usage["completion_tokens"]
                 body = dumps(result)
                 if len(body) > INLINE_OUTPUT_LIMIT_BYTES:
                     fields["output_ref"] = self.payloads.put_output(record["tenant"], job_id, body)
