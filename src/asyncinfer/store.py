@@ -295,15 +295,20 @@ class JobStore:
         status: str,
         attempts: int | None,
         set_fields: dict[str, Any],
+        unless: str | None = None,
     ) -> bool:
         """Set non-status fields (progress, cancel requests) while the job is still in ``status``
-        (and at ``attempts``). Returns False when the job has moved on; never raises for that."""
+        (and at ``attempts``, and without the attribute ``unless``). Returns False when the job
+        has moved on; never raises for that."""
         names = {"#status": "status"}
         values: dict[str, Any] = {":s": {"S": status}}
         cond = "#status = :s"
         if attempts is not None:
             cond += " AND attempts = :att"
             values[":att"] = {"N": str(attempts)}
+        if unless:
+            names["#unless"] = unless
+            cond += " AND attribute_not_exists(#unless)"
         sets = []
         for n, (k, v) in enumerate(set_fields.items()):
             names[f"#k{n}"] = k
@@ -325,42 +330,83 @@ class JobStore:
         return True
 
     def update_fields_many(
-        self, updates: list[tuple[str, int, dict[str, Any]]], *, status: str
-    ) -> None:
-        """Set fields on several jobs that are still in ``status`` at their attempt, in one
-        TransactWriteItems call (up to 100 jobs a call). ``updates`` holds
-        ``(job_id, attempts, fields)``. If the transaction is refused because a job moved on,
-        each update is retried alone and the moved job is skipped."""
+        self,
+        updates: list[tuple[str, int, dict[str, Any]]],
+        *,
+        status: str,
+        unless: str | None = None,
+    ) -> set[str]:
+        """Set fields on several jobs that are still in ``status`` at their attempt (and, with
+        ``unless``, do not have that attribute), in one TransactWriteItems call per 100 jobs.
+        ``updates`` holds ``(job_id, attempts, fields)``.
+
+        A transaction is all or nothing: when some conditions fail, the others are written again
+        in a second transaction. Returns the ids whose condition failed.
+        """
+        refused: set[str] = set()
         for i in range(0, len(updates), 100):
             chunk = updates[i : i + 100]
-            items = []
-            for job_id, attempts, fields in chunk:
-                names = {"#status": "status"}
-                values: dict[str, Any] = {":s": {"S": status}, ":att": {"N": str(attempts)}}
-                sets = []
-                for n, (k, v) in enumerate(fields.items()):
-                    names[f"#k{n}"] = k
-                    values[f":v{n}"] = _ser.serialize(_to_ddb(v))
-                    sets.append(f"#k{n} = :v{n}")
-                items.append(
-                    {
-                        "Update": {
-                            "TableName": self.table,
-                            "Key": {"job_id": {"S": job_id}},
-                            "UpdateExpression": "SET " + ", ".join(sets),
-                            "ConditionExpression": "#status = :s AND attempts = :att",
-                            "ExpressionAttributeNames": names,
-                            "ExpressionAttributeValues": values,
-                        }
+            for _ in range(2):
+                failed = self._transact_updates(chunk, status=status, unless=unless)
+                refused |= failed
+                chunk = [u for u in chunk if u[0] not in failed]
+                if not failed or not chunk:
+                    break
+        return refused
+
+    def _transact_updates(
+        self, chunk: list[tuple[str, int, dict[str, Any]]], *, status: str, unless: str | None
+    ) -> set[str]:
+        items = []
+        for job_id, attempts, fields in chunk:
+            names = {"#status": "status"}
+            values: dict[str, Any] = {":s": {"S": status}, ":att": {"N": str(attempts)}}
+            sets = []
+            for n, (k, v) in enumerate(fields.items()):
+                names[f"#k{n}"] = k
+                values[f":v{n}"] = _ser.serialize(_to_ddb(v))
+                sets.append(f"#k{n} = :v{n}")
+            cond = "#status = :s AND attempts = :att"
+            if unless:
+                names["#unless"] = unless
+                cond += " AND attribute_not_exists(#unless)"
+            items.append(
+                {
+                    "Update": {
+                        "TableName": self.table,
+                        "Key": {"job_id": {"S": job_id}},
+                        "UpdateExpression": "SET " + ", ".join(sets),
+                        "ConditionExpression": cond,
+                        "ExpressionAttributeNames": names,
+                        "ExpressionAttributeValues": values,
                     }
-                )
-            try:
-                self.ddb.transact_write_items(TransactItems=items)
-            except ClientError as exc:
-                if exc.response["Error"]["Code"] != "TransactionCanceledException":
-                    raise
-                for job_id, attempts, fields in chunk:
-                    self.update_fields(job_id, status=status, attempts=attempts, set_fields=fields)
+                }
+            )
+        try:
+            self.ddb.transact_write_items(TransactItems=items)
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "TransactionCanceledException":
+                raise
+            reasons = exc.response.get("CancellationReasons") or []
+            if len(reasons) != len(chunk):  # no per-item reasons: try each alone
+                return {
+                    job_id
+                    for job_id, attempts, fields in chunk
+                    if not self._update_one(job_id, status, attempts, fields, unless)
+                }
+            return {
+                job_id
+                for (job_id, _, _), r in zip(chunk, reasons, strict=True)
+                if r.get("Code") == "ConditionalCheckFailed"
+            }
+        return set()
+
+    def _update_one(
+        self, job_id: str, status: str, attempts: int, fields: dict[str, Any], unless: str | None
+    ) -> bool:
+        return self.update_fields(
+            job_id, status=status, attempts=attempts, set_fields=fields, unless=unless
+        )
 
 
 def _encode_cursor(key: dict[str, Any]) -> str:

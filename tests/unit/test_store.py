@@ -108,3 +108,21 @@ def test_update_fields_only_while_in_status(settings: Settings) -> None:
     assert store.update_fields(jid, status="running", attempts=1, set_fields={"x": 1})
     assert not store.update_fields(jid, status="running", attempts=2, set_fields={"x": 2})
     assert store.get(jid)["x"] == 1  # type: ignore[index]
+
+
+def test_progress_writes_in_one_transaction_report_refused_jobs(settings: Settings) -> None:
+    store = JobStore(settings)
+    ids = [new_job(store, f"job_01ARZ3NDEKTSV4RRFFQ69G5FA{c}") for c in "ABC"]
+    for jid in ids:
+        start(store, jid)
+    store.update_fields(ids[1], status="running", attempts=1, set_fields={"cancel_requested": True})
+    store.transition(ids[2], from_status="running", to_status="succeeded", attempts=1)
+    refused = store.update_fields_many(
+        [(jid, 1, {"progress_tokens": 7}) for jid in ids],
+        status="running",
+        unless="cancel_requested",
+    )
+    assert refused == {ids[1], ids[2]}
+    assert store.get(ids[0])["progress_tokens"] == 7  # type: ignore[index]
+    assert "progress_tokens" not in store.get(ids[1])  # type: ignore[operator]
+    assert "progress_tokens" not in store.get(ids[2])  # type: ignore[operator]

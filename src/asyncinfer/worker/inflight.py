@@ -21,6 +21,7 @@ class Held:
         attempts: the job's attempt number while it runs (``None`` until started).
         cancel_event: set when a cancel request is seen for the running job.
         progress: ``(completion_tokens, partial output)`` reported since the last flush.
+        finished: the job's result is recorded; only the message's deletion is pending.
         queue_url: the queue the message came from (its priority class's queue).
     """
 
@@ -33,6 +34,7 @@ class Held:
     attempts: int | None = None
     cancel_event: threading.Event = field(default_factory=threading.Event)
     progress: tuple[int, dict[str, Any]] | None = None
+    finished: bool = False
 
 
 class InFlight:

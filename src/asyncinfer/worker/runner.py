@@ -28,7 +28,7 @@ never starved.
 A watcher thread extends the visibility timeout of every held message each heartbeat interval
 (ChangeMessageVisibilityBatch), so a job that runs longer than the visibility timeout is never
 delivered twice; polls running jobs for cancel requests (BatchGetItem) every second; and writes
-progress (``progress_tokens`` and the partial output) at most once a second per job, all jobs in
+progress (``progress_tokens`` and the partial output) every two seconds per job, all jobs in
 one TransactWriteItems call.
 
 SIGTERM: stop polling; running jobs may go on for ``drain_seconds``, after which the handler is
@@ -70,8 +70,12 @@ from asyncinfer.worker.protection import ScaleInProtection
 
 log = logging.getLogger("asyncinfer.worker")
 
-#: How often running jobs are checked for cancel requests, seconds.
-CANCEL_POLL_SECONDS = 1.0
+#: How often running jobs write progress and are checked for cancel requests, seconds.
+CANCEL_POLL_SECONDS = 2.0
+#: Finished jobs' messages are deleted in batches: when 10 are pending, or this often, seconds
+#: (a message not yet deleted stays invisible under the heartbeat; a redelivery finds its job
+#: terminal and deletes it).
+DELETE_FLUSH_SECONDS = 1.0
 #: Longest a retryable failure waits before its message is visible again, seconds.
 MAX_RETRY_DELAY_SECONDS = 300
 
@@ -123,6 +127,8 @@ class Worker:
         self._lower_turn = 0
         self._running: dict[str, tuple[Held, dict[str, Any]]] = {}
         self._to_delete: list[Held] = []
+        self._deleted_at = 0.0
+        self._events: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -188,7 +194,8 @@ class Worker:
     # ------------------------------------------------------------------ WorkSource
     def take(self, max_items: int, timeout: float) -> list[WorkItem]:
         """Up to ``max_items`` started jobs (see :class:`~asyncinfer.models.base.WorkSource`)."""
-        self._flush_deletes()
+        if self._to_delete and time.monotonic() - self._deleted_at >= DELETE_FLUSH_SECONDS:
+            self._flush_deletes()
         if self.stopping:
             return []
         if not self._running and not len(self.inflight) and self.protection.enabled:
@@ -224,6 +231,7 @@ class Worker:
                 continue
             if item is not None:
                 items.append(item)
+        self._publish_events()
         self.jobs_done += len(items)
         if self.max_jobs is not None and self.jobs_done >= self.max_jobs:
             self.stop_event.set()
@@ -232,6 +240,7 @@ class Worker:
     def finish(self, item: WorkItem, result: Result) -> None:
         """Record ``item``'s result now; its message is deleted with the next batch of deletes."""
         held, record = self._running.pop(item.job_id)
+        held.finished = True  # no more heartbeat-time progress writes or cancel reads for it
         try:
             done = self._finish(held, record, result)
         except Exception:
@@ -310,9 +319,11 @@ class Worker:
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.settings.heartbeat_interval
                     self._extend(held)
-                running = [h for h in held if h.attempts is not None]
-                self._poll_cancels(running)
-                self._flush_progress(running)
+                running = [h for h in held if h.attempts is not None and not h.finished]
+                reported = self._flush_progress(running)
+                # Jobs that wrote progress learnt of a cancel from that write's condition; only
+                # the others need a read.
+                self._poll_cancels([h for h in running if h.job_id not in reported])
             except Exception:
                 log.exception("heartbeat failed")
 
@@ -331,10 +342,13 @@ class Worker:
             if rec and rec.get("cancel_requested"):
                 h.cancel_event.set()
 
-    def _flush_progress(self, running: list[Held]) -> None:
-        """Write the progress that handlers reported since the last flush, in one transaction
-        (per job if the transaction is refused because a job finished meanwhile)."""
+    def _flush_progress(self, running: list[Held]) -> set[str]:
+        """Write the progress that handlers reported since the last flush, all jobs in one
+        TransactWriteItems call, each conditional on the job still running at its attempt and
+        not asked to cancel. A job whose write is refused gets its cancel event set (it was
+        cancelled, or it is no longer this worker's). Returns the ids written or refused."""
         updates = []
+        by_id: dict[str, Held] = {}
         for h in running:
             progress, h.progress = h.progress, None
             if progress is not None and h.job_id and h.attempts is not None:
@@ -343,8 +357,15 @@ class Worker:
                 if partial:
                     fields["output"] = dumps(partial).decode()
                 updates.append((h.job_id, h.attempts, fields))
-        if updates:
-            self.store.update_fields_many(updates, status=lifecycle.RUNNING)
+                by_id[h.job_id] = h
+        if not updates:
+            return set()
+        refused = self.store.update_fields_many(
+            updates, status=lifecycle.RUNNING, unless="cancel_requested"
+        )
+        for job_id in refused:
+            by_id[job_id].cancel_event.set()
+        return set(by_id)
 
     # ------------------------------------------------------------------ one job
     def _start(self, held: Held) -> WorkItem | None:
@@ -366,7 +387,7 @@ class Worker:
             self._to_delete.append(held)
             return None
         held.attempts = record["attempts"]
-        self.events.publish(record)
+        self._events.append(record)  # job.started, published with the batch's others
         log.info("job %s running (attempt %s)", msg.job_id, record["attempts"])
         try:
             raw = (
@@ -493,7 +514,7 @@ class Worker:
             log.warning("%s", exc)
             return True
         log.info("job %s %s", job_id, new["status"])
-        self.events.publish(new)
+        self._events.append(new)  # published before the message is deleted
         if self.settings.compute:
             emit_job_metrics(new)
         return True
@@ -517,6 +538,7 @@ class Worker:
 
     def _requeue(self, held: Held, job_id: str, attempts: int, *, delay: float) -> None:
         """``running -> queued`` at this attempt, then make the message visible after ``delay``."""
+        self._publish_events()  # keep each job's events in order
         try:
             back = self.store.transition(
                 job_id,
@@ -567,7 +589,9 @@ class Worker:
 
     def _flush_deletes(self) -> None:
         """Delete finished messages, up to 10 per DeleteMessageBatch call."""
+        self._publish_events()  # a job's event goes out before its message is deleted
         held, self._to_delete = self._to_delete, []
+        self._deleted_at = time.monotonic()
         for url, group in self._by_queue(held).items():
             for i in range(0, len(group), 10):
                 chunk = group[i : i + 10]
@@ -581,6 +605,21 @@ class Worker:
                     log.error("delete failed: %s", f)
         for h in held:
             self.inflight.drop(h.message_id)
+
+    def _publish_events(self) -> None:
+        """Publish the buffered job events in order (PublishBatch, 10 a call)."""
+        events, self._events = self._events, []
+        if not events:
+            return
+        try:
+            self.events.publish_many(events)
+        except Exception:
+            log.exception("could not publish %d job events; retrying them one by one", len(events))
+            for record in events:
+                try:
+                    self.events.publish(record)
+                except Exception:
+                    log.exception("job event lost: %s %s", record["job_id"], record["status"])
 
     def _release_unstarted(self) -> None:
         pending: list[Held] = []
