@@ -52,6 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "failure_rate_alarm_percent": 10,
     "alarm_email": "",
     "retain_data": True,
+    "lambda_body_guard": True,
     "powertools_layer_version": 27,
     "worker_dockerfile": "container/Dockerfile",
 }
@@ -143,6 +144,7 @@ class DeployConfig:
     failure_rate_alarm_percent: float
     alarm_email: str
     retain_data: bool
+    lambda_body_guard: bool
     powertools_layer_version: int
     worker_dockerfile: str
 
@@ -209,6 +211,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "failure_rate_alarm_percent": float,
     "alarm_email": lambda v: str(v).strip(),
     "retain_data": _to_bool,
+    "lambda_body_guard": _to_bool,
 }
 
 

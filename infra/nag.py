@@ -22,8 +22,8 @@ RULES: dict[str, str] = {
         "contract's 422 error shape, which API Gateway request validation cannot produce."
     ),
     "AwsSolutions-APIG3": (
-        "WAF is optional (context waf_max_body_kb) because it costs money at zero traffic; "
-        "API keys, usage-plan throttling and quotas limit abuse."
+        "WAF can be switched off (lambda_body_guard=false, waf_max_body_kb=0) as it costs money "
+        "at zero traffic; API keys, usage-plan throttling and quotas limit abuse."
     ),
     "AwsSolutions-APIG4": (
         "Authorization is by API key and usage plan as the HTTP contract specifies (tenant = API "

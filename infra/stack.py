@@ -123,6 +123,7 @@ class AsyncInferStack(Stack):
             quota_limit=cfg.quota_limit,
             quota_period=cfg.quota_period,
             waf_max_body_kb=cfg.waf_max_body_kb,
+            lambda_body_guard=cfg.lambda_body_guard,
             log_retention=retention,
             removal_policy=RemovalPolicy.DESTROY,
         )

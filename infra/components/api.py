@@ -4,6 +4,7 @@ to the API Lambda; ``GET /v1/health`` needs no key."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_apigateway as apigw
@@ -40,6 +41,45 @@ _ACCESS_LOG_FIELDS = {
 }
 
 
+#: Largest request body passed to the API Lambda, bytes: a Lambda proxy event is capped at 6 MB
+#: (Lambda quotas, "Invocation payload"), and the event adds headers and context to the body.
+LAMBDA_BODY_LIMIT = 6_000_000
+#: ``Content-Length`` values above :data:`LAMBDA_BODY_LIMIT` (7+ digit numbers from 6000001).
+CONTENT_LENGTH_OVER_LIMIT = (
+    r"^0*(600000[1-9]|60000[1-9][0-9]|6000[1-9][0-9]{2}|600[1-9][0-9]{3}|60[1-9][0-9]{4}"
+    r"|6[1-9][0-9]{5}|[7-9][0-9]{6}|[1-9][0-9]{7,})$"
+)
+
+
+def _json_413(message: str) -> Any:
+    return wafv2.CfnWebACL.CustomResponseBodyProperty(
+        content_type="APPLICATION_JSON",
+        content=json.dumps(
+            {"error": {"code": "payload_too_large", "message": message, "details": []}}
+        ),
+    )
+
+
+def _block_413(name: str, priority: int, statement: Any, body_key: str) -> Any:
+    return wafv2.CfnWebACL.RuleProperty(
+        name=name,
+        priority=priority,
+        action=wafv2.CfnWebACL.RuleActionProperty(
+            block=wafv2.CfnWebACL.BlockActionProperty(
+                custom_response=wafv2.CfnWebACL.CustomResponseProperty(
+                    response_code=413, custom_response_body_key=body_key
+                )
+            )
+        ),
+        statement=statement,
+        visibility_config=wafv2.CfnWebACL.VisibilityConfigProperty(
+            cloud_watch_metrics_enabled=True,
+            metric_name=f"asyncinfer-{name}",
+            sampled_requests_enabled=True,
+        ),
+    )
+
+
 class JobsApi(Construct):
     """REST API -> Lambda proxy, keys required except on ``/v1/health``.
 
@@ -55,7 +95,11 @@ class JobsApi(Construct):
         throttle_burst: usage plan burst, requests.
         quota_limit: requests per ``quota_period`` per key.
         quota_period: ``DAY``, ``WEEK`` or ``MONTH``.
-        waf_max_body_kb: 0 for no WAF, else 1..64 KB (the most WAF inspects of a REST API body).
+        waf_max_body_kb: 0 for no body-size rule, else 1..64 KB (the most WAF inspects of a REST
+            API body).
+        lambda_body_guard: a WAF rule answering 413 when ``Content-Length`` is over
+            :data:`LAMBDA_BODY_LIMIT` bytes: API Gateway passes bodies up to 10 MB, but a Lambda
+            proxy event is capped at 6 MB and a larger one would fail as a 5xx.
         log_retention: of the access log group.
         removal_policy: of the access log group.
     """
@@ -71,6 +115,7 @@ class JobsApi(Construct):
         quota_limit: int,
         quota_period: str,
         waf_max_body_kb: int,
+        lambda_body_guard: bool = True,
         log_retention: logs.RetentionDays,
         removal_policy: RemovalPolicy,
     ) -> None:
@@ -126,11 +171,51 @@ class JobsApi(Construct):
         self.default_key = self.api.add_api_key("DefaultKey", description="asyncinfer first tenant")
         self.usage_plan.add_api_key(self.default_key)
         self.web_acl: wafv2.CfnWebACL | None = None
-        if waf_max_body_kb:
-            self.web_acl = self._web_acl(waf_max_body_kb)
+        if waf_max_body_kb or lambda_body_guard:
+            self.web_acl = self._web_acl(waf_max_body_kb, lambda_body_guard)
 
-    def _web_acl(self, max_kb: int) -> wafv2.CfnWebACL:
-        inspect_kb = next(k for k in (16, 32, 48, 64) if k >= max_kb)
+    def _web_acl(self, max_kb: int, guard: bool) -> wafv2.CfnWebACL:
+        inspect_kb = next(k for k in (16, 32, 48, 64) if k >= max(max_kb, 1))
+        rules: list[Any] = []
+        if guard:
+            rules.append(
+                _block_413(
+                    "content-length-over-lambda-limit",
+                    len(rules),
+                    wafv2.CfnWebACL.StatementProperty(
+                        regex_match_statement=wafv2.CfnWebACL.RegexMatchStatementProperty(
+                            regex_string=CONTENT_LENGTH_OVER_LIMIT,
+                            field_to_match=wafv2.CfnWebACL.FieldToMatchProperty(
+                                single_header={"Name": "content-length"}
+                            ),
+                            text_transformations=[
+                                wafv2.CfnWebACL.TextTransformationProperty(priority=0, type="NONE")
+                            ],
+                        )
+                    ),
+                    "too_large_for_lambda",
+                )
+            )
+        if max_kb:
+            rules.append(
+                _block_413(
+                    "body-size-limit",
+                    len(rules),
+                    wafv2.CfnWebACL.StatementProperty(
+                        size_constraint_statement=wafv2.CfnWebACL.SizeConstraintStatementProperty(
+                            comparison_operator="GT",
+                            size=max_kb * 1024,
+                            field_to_match=wafv2.CfnWebACL.FieldToMatchProperty(
+                                body=wafv2.CfnWebACL.BodyProperty(oversize_handling="MATCH")
+                            ),
+                            text_transformations=[
+                                wafv2.CfnWebACL.TextTransformationProperty(priority=0, type="NONE")
+                            ],
+                        )
+                    ),
+                    "too_large",
+                )
+            )
         acl = wafv2.CfnWebACL(
             self,
             "WebAcl",
@@ -149,49 +234,13 @@ class JobsApi(Construct):
                 }
             ),
             custom_response_bodies={
-                "too_large": wafv2.CfnWebACL.CustomResponseBodyProperty(
-                    content_type="APPLICATION_JSON",
-                    content=json.dumps(
-                        {
-                            "error": {
-                                "code": "payload_too_large",
-                                "message": f"request body over {max_kb} KB",
-                                "details": [],
-                            }
-                        }
-                    ),
-                )
+                "too_large": _json_413(f"request body over {max_kb} KB"),
+                "too_large_for_lambda": _json_413(
+                    f"request body over {LAMBDA_BODY_LIMIT} bytes; upload large inputs with "
+                    "POST /v1/uploads and submit input_url"
+                ),
             },
-            rules=[
-                wafv2.CfnWebACL.RuleProperty(
-                    name="body-size-limit",
-                    priority=0,
-                    action=wafv2.CfnWebACL.RuleActionProperty(
-                        block=wafv2.CfnWebACL.BlockActionProperty(
-                            custom_response=wafv2.CfnWebACL.CustomResponseProperty(
-                                response_code=413, custom_response_body_key="too_large"
-                            )
-                        )
-                    ),
-                    statement=wafv2.CfnWebACL.StatementProperty(
-                        size_constraint_statement=wafv2.CfnWebACL.SizeConstraintStatementProperty(
-                            comparison_operator="GT",
-                            size=max_kb * 1024,
-                            field_to_match=wafv2.CfnWebACL.FieldToMatchProperty(
-                                body=wafv2.CfnWebACL.BodyProperty(oversize_handling="MATCH")
-                            ),
-                            text_transformations=[
-                                wafv2.CfnWebACL.TextTransformationProperty(priority=0, type="NONE")
-                            ],
-                        )
-                    ),
-                    visibility_config=wafv2.CfnWebACL.VisibilityConfigProperty(
-                        cloud_watch_metrics_enabled=True,
-                        metric_name="asyncinfer-body-size",
-                        sampled_requests_enabled=True,
-                    ),
-                )
-            ],
+            rules=rules,
         )
         wafv2.CfnWebACLAssociation(
             self,

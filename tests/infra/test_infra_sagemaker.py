@@ -92,7 +92,7 @@ def test_completion_lambda_subscribes_to_success_and_error_topics(sagemaker: Any
 
 def test_optional_waf_blocks_large_bodies_with_413(sagemaker: Any) -> None:
     acl = sagemaker.props("AWS::WAFv2::WebACL")[0]
-    rule = acl["Rules"][0]
+    rule = next(r for r in acl["Rules"] if r["Name"] == "body-size-limit")
     assert rule["Action"]["Block"]["CustomResponse"]["ResponseCode"] == 413
     assert rule["Statement"]["SizeConstraintStatement"]["Size"] == 64 * 1024
     assert sagemaker.resources("AWS::WAFv2::WebACLAssociation")

@@ -305,3 +305,16 @@ def test_api_can_wake_a_backend_at_zero(any_mode: Any) -> None:
     else:
         assert "ASYNCINFER_SAGEMAKER_ENDPOINTS" in env
         assert "sagemaker:UpdateEndpointWeightsAndCapacities" in statements
+
+
+def test_bodies_over_the_lambda_limit_get_413_from_waf(any_mode: Any) -> None:
+    acls = any_mode.props("AWS::WAFv2::WebACL")
+    assert len(acls) == 1
+    rules = {r["Name"]: r for r in acls[0]["Rules"]}
+    rule = rules["content-length-over-lambda-limit"]
+    assert rule["Action"]["Block"]["CustomResponse"]["ResponseCode"] == 413
+    match = rule["Statement"]["RegexMatchStatement"]
+    assert match["FieldToMatch"] == {"SingleHeader": {"Name": "content-length"}}
+    body = acls[0]["CustomResponseBodies"]["too_large_for_lambda"]["Content"]
+    assert json.loads(body)["error"]["code"] == "payload_too_large"
+    assert len(any_mode.props("AWS::WAFv2::WebACLAssociation")) == 1
