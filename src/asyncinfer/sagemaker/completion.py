@@ -142,6 +142,14 @@ class Completion:
                 except Exception:  # the failure body is optional and may not be JSON
                     detail = None
             fields["error"] = classify_failure(reason, detail)
+        if record.get("cancel_requested"):
+            # A SageMaker invocation cannot be stopped once it runs: a job cancelled meanwhile
+            # ends cancelled when its result arrives, keeping what the endpoint produced.
+            to = lifecycle.CANCELLED
+            fields["error"] = {
+                "code": "cancelled",
+                "message": "cancelled by the client while the endpoint ran it",
+            }
         try:
             new = self.store.transition(
                 job_id,
@@ -156,9 +164,13 @@ class Completion:
         self.publish(new)
         if self.emit is not None:
             model = str(new.get("model", ""))
-            self.emit(
-                "JobsSucceeded" if to == lifecycle.SUCCEEDED else "JobsFailed", 1, "Count", model
-            )
+            if to != lifecycle.CANCELLED:
+                self.emit(
+                    "JobsSucceeded" if to == lifecycle.SUCCEEDED else "JobsFailed",
+                    1,
+                    "Count",
+                    model,
+                )
             if new.get("started_at"):
                 run = (parse(fields["completed_at"]) - parse(new["started_at"])).total_seconds()
                 self.emit("RunSeconds", run, "Seconds", model)
