@@ -245,3 +245,43 @@ def test_a_bad_message_fails_its_own_job_and_spares_the_batch(
             assert env.wait_for(job_id, {"succeeded", "failed"})["status"] == "succeeded"
     assert failed["status"] == "failed"
     assert failed["error"]["code"] == "invalid_input"
+
+
+def test_redelivered_message_of_a_finished_job_republishes_its_event(
+    make_env: Callable[..., Env],
+) -> None:
+    """A worker that died after the terminal write but before publishing and deleting: the
+    next receive finds the job finished, publishes its terminal event again, deletes the
+    message, and runs nothing."""
+    env = make_env()
+    job_id = env.submit("echo", {"n": 1})
+    sqs = clients.client("sqs", env.settings)
+    url = env.resources.queues["echo"]
+    msg = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1)["Messages"][0]  # the lost worker
+    store = env.store
+    store.transition(
+        job_id,
+        from_status="queued",
+        to_status="running",
+        increment_attempts=True,
+        set_fields={"started_at": "2026-11-30T00:00:00.000Z"},
+    )
+    store.transition(
+        job_id,
+        from_status="running",
+        to_status="succeeded",
+        attempts=1,
+        set_fields={"output": "{}"},
+    )
+    sqs.change_message_visibility(
+        QueueUrl=url, ReceiptHandle=msg["ReceiptHandle"], VisibilityTimeout=0
+    )
+    env.events()  # what the lost worker published before dying: nothing but queued
+    with WorkerThread(env.settings):
+        deadline = time.monotonic() + 15
+        while env.queue_counts(url) != (0, 0):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(1.5)
+    assert types_for(env.events(), job_id) == ["job.succeeded"]
+    assert env.job(job_id)["attempts"] == 1

@@ -176,7 +176,10 @@ class SmolLM2Handler(ModelHandler):
         stops = seq.tag["item"].input.stop
         if not stops or not seq.generated:
             return False
-        tail = self.tokenizer.decode(seq.generated[-16:])
+        # Every token decodes to at least one character (or to part of one), so the last
+        # len(stop) + a few tokens hold any stop string that ended at this step.
+        window = max(16, max(len(s) for s in stops) + 4)
+        tail = self.tokenizer.decode(seq.generated[-window:])
         return any(s in tail for s in stops)
 
     def _output(self, seq: Sequence) -> dict[str, Any]:

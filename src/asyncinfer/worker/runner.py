@@ -194,6 +194,9 @@ class Worker:
     # ------------------------------------------------------------------ WorkSource
     def take(self, max_items: int, timeout: float) -> list[WorkItem]:
         """Up to ``max_items`` started jobs (see :class:`~asyncinfer.models.base.WorkSource`)."""
+        # Events of jobs finished since the last call go out now (one PublishBatch for a step's
+        # worth), so that a crash can lose at most the events of the jobs finishing right now.
+        self._publish_events()
         if self._to_delete and time.monotonic() - self._deleted_at >= DELETE_FLUSH_SECONDS:
             self._flush_deletes()
         if self.stopping:
@@ -382,7 +385,7 @@ class Worker:
             self._expire(msg.job_id)
             self._to_delete.append(held)
             return None
-        record = self._mark_running(msg.job_id)
+        record = self._mark_running(msg.job_id, redelivered=held.receive_count > 1)
         if record is None:
             self._to_delete.append(held)
             return None
@@ -438,9 +441,14 @@ class Worker:
         log.info("job %s expired", job_id)
         self.events.publish(record)
 
-    def _mark_running(self, job_id: str) -> dict[str, Any] | None:
+    def _mark_running(self, job_id: str, *, redelivered: bool = False) -> dict[str, Any] | None:
         """``queued -> running``; recovers a job whose last worker was lost. ``None`` when the
-        job is gone, cancelled or finished (its message is deleted)."""
+        job is gone, cancelled or finished (its message is deleted).
+
+        A redelivered message whose job a worker already finished means that worker died
+        between the terminal write and deleting the message, maybe before publishing the event:
+        the terminal event is published again (at least once; webhook receivers dedupe on the
+        ``webhook-id``, which is the same for the same job, event and attempt)."""
         for _ in range(2):
             try:
                 return self.store.transition(
@@ -455,6 +463,13 @@ class Worker:
                 cur = exc.current
                 if cur is None or lifecycle.is_terminal(cur["status"]):
                     log.info("job %s is %s: skipping", job_id, cur and cur["status"])
+                    if (
+                        redelivered
+                        and cur is not None
+                        and cur["status"] in (lifecycle.SUCCEEDED, lifecycle.FAILED)
+                        and cur.get("started_at")
+                    ):
+                        self._events.append(cur)
                     return None
                 if cur["status"] != lifecycle.RUNNING:
                     return None
@@ -496,9 +511,15 @@ class Worker:
                 return False
             elif isinstance(result, JobCancelled):
                 fields["error"] = result.as_dict()
+                remove = []
                 if result.partial is not None:
                     fields["output"] = dumps(result.partial).decode()
-                new = self._transition(job_id, attempts, lifecycle.CANCELLED, fields)
+                    usage = result.partial.get("usage")
+                    if isinstance(usage, dict) and "completion_tokens" in usage:
+                        fields["progress_tokens"] = usage["completion_tokens"]
+                else:
+                    remove = ["output"]  # a progress snapshot is not a result
+                new = self._transition(job_id, attempts, lifecycle.CANCELLED, fields, remove)
             elif result.retryable:
                 delay = min(
                     MAX_RETRY_DELAY_SECONDS,
@@ -509,7 +530,10 @@ class Worker:
                 return False
             else:
                 fields["error"] = result.as_dict()
-                new = self._transition(job_id, attempts, lifecycle.FAILED, fields)
+                # The last progress snapshot is not the job's output.
+                new = self._transition(
+                    job_id, attempts, lifecycle.FAILED, fields, ["output", "progress_tokens"]
+                )
         except TransitionRefused as exc:
             log.warning("%s", exc)
             return True
