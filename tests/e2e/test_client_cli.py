@@ -31,11 +31,10 @@ from asyncinfer.client import (
     verify_webhook,
 )
 from asyncinfer.client.webhooks import sign_webhook
-from asyncinfer.local.stack import free_port
+from tests.e2e.conftest import local_stack
 
 pytestmark = pytest.mark.e2e
 
-READY_TIMEOUT = 120
 EXE = str(Path(sys.executable).parent / "asyncinfer")
 
 
@@ -53,39 +52,11 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    state = tmp_path_factory.mktemp("state")
-    proc = subprocess.Popen(
-        [
-            *(EXE, "local", "--port", str(free_port()), "--models", "echo"),
-            *("--max-workers", "1", "--state-dir", str(state), "--extra-key", "batch"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-            if line.startswith("asyncinfer local: ready"):
-                ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not ready.wait(READY_TIMEOUT):
-        proc.kill()
-        pytest.fail("local stack not ready:\n" + "\n".join(lines[-40:]))
-    local = json.loads((state / "local.json").read_text())
-    yield Stack(proc, local["api_url"], local["api_key"], local["extra_keys"]["batch"], lines)
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    with local_stack(
+        tmp_path_factory.mktemp("state"),
+        *("--models", "echo", "--max-workers", "1", "--extra-key", "batch"),
+    ) as s:
+        yield Stack(s.proc, s.api, s.key, s.local["extra_keys"]["batch"], s.lines)
 
 
 @pytest.fixture

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import pytest
 
-from asyncinfer.local.stack import free_port
+from tests.e2e.conftest import local_stack
 
 pytestmark = pytest.mark.e2e
 
-READY_TIMEOUT = 240
 
 
 @dataclass
@@ -37,48 +31,11 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    state = tmp_path_factory.mktemp("state")
-    exe = Path(sys.executable).parent / "asyncinfer"
-    proc = subprocess.Popen(
-        [
-            str(exe),
-            "local",
-            "--port",
-            str(free_port()),
-            "--models",
-            "smollm2-135m-instruct,echo",
-            "--state-dir",
-            str(state),
-            "--extra-key",
-            "other",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-            if line.startswith("asyncinfer local: ready"):
-                ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not ready.wait(READY_TIMEOUT):
-        proc.kill()
-        pytest.fail("local stack not ready:\n" + "\n".join(lines[-40:]))
-    ready_line = next(line for line in lines if line.startswith("asyncinfer local: ready"))
-    parts = dict(p.split("=", 1) for p in ready_line.split()[3:])
-    local = json.loads((state / "local.json").read_text())
-    s = Stack(proc=proc, api=parts["api"], key=parts["key"], local=local, lines=lines)
-    yield s
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    with local_stack(
+        tmp_path_factory.mktemp("state"),
+        *("--models", "smollm2-135m-instruct,echo", "--extra-key", "other"),
+    ) as s:
+        yield Stack(proc=s.proc, api=s.api, key=s.key, local=s.local, lines=s.lines)
 
 
 def wait_terminal(c: httpx.Client, job_id: str, timeout: float = 180) -> dict:

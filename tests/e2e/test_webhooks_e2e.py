@@ -3,72 +3,26 @@ webhook reaches a receiver on 127.0.0.1 and verifies with the secret of GET /v1/
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from standardwebhooks import Webhook
 
-from asyncinfer.local.stack import free_port
+from tests.e2e.conftest import local_stack
 
 pytestmark = pytest.mark.e2e
 
-READY_TIMEOUT = 240
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    state = tmp_path_factory.mktemp("state")
-    exe = Path(sys.executable).parent / "asyncinfer"
-    proc = subprocess.Popen(
-        [
-            str(exe),
-            "local",
-            "--port",
-            str(free_port()),
-            "--models",
-            "echo",
-            "--state-dir",
-            str(state),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-            if line.startswith("asyncinfer local: ready"):
-                ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    try:
-        if not ready.wait(READY_TIMEOUT):
-            pytest.fail("local stack not ready:\n" + "\n".join(lines[-40:]))
-        local = json.loads((state / "local.json").read_text())
-        yield {**local, "lines": lines}
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with local_stack(tmp_path_factory.mktemp("state"), "--models", "echo") as s:
+        yield {**s.local, "lines": s.lines}
 
 
 def test_job_succeeded_webhook_reaches_receiver_and_verifies(stack: dict[str, Any]) -> None:
