@@ -16,7 +16,6 @@ from tests.e2e.conftest import local_stack
 pytestmark = pytest.mark.e2e
 
 
-
 @dataclass
 class Stack:
     proc: subprocess.Popen[str]

@@ -18,7 +18,6 @@ from tests.e2e.conftest import local_stack
 pytestmark = pytest.mark.e2e
 
 
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     with local_stack(tmp_path_factory.mktemp("state"), "--models", "echo") as s:
