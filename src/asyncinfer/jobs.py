@@ -216,20 +216,11 @@ class JobService:
         expires even while no worker runs (the worker expires it too when it dequeues it)."""
         if record["status"] != lifecycle.QUEUED or parse(record["expires_at"]) > now():
             return record
-        try:
-            record = self.store.transition(
-                record["job_id"],
-                from_status=lifecycle.QUEUED,
-                to_status=lifecycle.EXPIRED,
-                set_fields={
-                    "completed_at": iso(now()),
-                    "error": {"code": "expired", "message": "job expired in the queue (ttl)"},
-                },
-            )
-        except TransitionRefused as exc:
-            return exc.current or record
-        self.events.publish(record)
-        return record
+        expired = self.store.expire(record["job_id"])
+        if expired is None:  # it moved on meanwhile: read it as it is now
+            return self.store.get(record["job_id"]) or record
+        self.events.publish(expired)
+        return expired
 
     def get(self, tenant: str, job_id: str, *, wait: float = 0.0) -> dict[str, Any]:
         """The job object; with ``wait`` > 0 (seconds, at most 20), hold until the job is

@@ -39,6 +39,7 @@ from asyncinfer import clients, lifecycle
 from asyncinfer.errors import InvalidRequest, TransitionRefused
 from asyncinfer.ids import is_job_id
 from asyncinfer.settings import Settings, get_settings
+from asyncinfer.timeutil import iso, now
 
 TENANT_INDEX = "tenant-index"
 #: Sparse GSI of the jobs waiting in a queue, by the time their TTL ends (the expiry sweeper's).
@@ -287,6 +288,23 @@ class JobStore:
                 current,
             ) from None
         return from_item(resp["Attributes"])
+
+    def expire(self, job_id: str) -> dict[str, Any] | None:
+        """``queued -> expired`` (error ``expired``) for a job whose TTL passed in the queue.
+        Returns the expired record, or ``None`` when the job was no longer queued (it started,
+        was cancelled or already expired: nothing to do). The caller publishes the event."""
+        try:
+            return self.transition(
+                job_id,
+                from_status=lifecycle.QUEUED,
+                to_status=lifecycle.EXPIRED,
+                set_fields={
+                    "completed_at": iso(now()),
+                    "error": {"code": "expired", "message": "job expired in the queue (ttl)"},
+                },
+            )
+        except TransitionRefused:
+            return None
 
     def update_fields(
         self,

@@ -16,13 +16,10 @@ from typing import Any
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from asyncinfer import lifecycle
-from asyncinfer.errors import TransitionRefused
 from asyncinfer.events import EventPublisher
 from asyncinfer.observability import instrument, powertools
 from asyncinfer.settings import Settings, get_settings
 from asyncinfer.store import JobStore
-from asyncinfer.timeutil import iso, now
 
 log = logging.getLogger("asyncinfer.sweeper")
 
@@ -39,17 +36,8 @@ def expire_due(settings: Settings, *, limit: int = 500) -> list[str]:
             break
         progressed = False
         for job_id in ids:
-            try:
-                record = store.transition(
-                    job_id,
-                    from_status=lifecycle.QUEUED,
-                    to_status=lifecycle.EXPIRED,
-                    set_fields={
-                        "completed_at": iso(now()),
-                        "error": {"code": "expired", "message": "job expired in the queue (ttl)"},
-                    },
-                )
-            except TransitionRefused:
+            record = store.expire(job_id)
+            if record is None:
                 continue
             progressed = True
             events.publish(record)

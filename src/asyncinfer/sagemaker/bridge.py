@@ -181,16 +181,6 @@ class Bridge:
         return True
 
     def _expire(self, job_id: str) -> None:
-        try:
-            record = self.store.transition(
-                job_id,
-                from_status=lifecycle.QUEUED,
-                to_status=lifecycle.EXPIRED,
-                set_fields={
-                    "completed_at": iso(now()),
-                    "error": {"code": "expired", "message": "job expired in the queue (ttl)"},
-                },
-            )
-        except TransitionRefused:
-            return
-        self.publish(record)
+        record = self.store.expire(job_id)
+        if record is not None:
+            self.publish(record)

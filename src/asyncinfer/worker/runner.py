@@ -426,20 +426,10 @@ class Worker:
         return item
 
     def _expire(self, job_id: str) -> None:
-        try:
-            record = self.store.transition(
-                job_id,
-                from_status=lifecycle.QUEUED,
-                to_status=lifecycle.EXPIRED,
-                set_fields={
-                    "completed_at": iso(now()),
-                    "error": {"code": "expired", "message": "job expired in the queue (ttl)"},
-                },
-            )
-        except TransitionRefused:
-            return
-        log.info("job %s expired", job_id)
-        self.events.publish(record)
+        record = self.store.expire(job_id)
+        if record is not None:
+            log.info("job %s expired", job_id)
+            self.events.publish(record)
 
     def _mark_running(self, job_id: str, *, redelivered: bool = False) -> dict[str, Any] | None:
         """``queued -> running``; recovers a job whose last worker was lost. ``None`` when the
