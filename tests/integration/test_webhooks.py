@@ -20,11 +20,11 @@ from asyncinfer import clients
 from asyncinfer.api.schemas import JobRequest
 from asyncinfer.events import EventPublisher
 from asyncinfer.jobs import JobService
+from asyncinfer.local.event_source import pump_once
 from asyncinfer.local.stack import free_port
 from asyncinfer.settings import Settings
 from asyncinfer.store import JobStore
 from asyncinfer.webhooks.dispatcher import WebhookDispatcher, make_handler
-from asyncinfer.webhooks.pump import pump_once
 from asyncinfer.webhooks.secrets import SecretStore
 from tests.integration.conftest import Env
 

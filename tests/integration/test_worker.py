@@ -14,8 +14,8 @@ import pytest
 
 from asyncinfer import clients
 from asyncinfer.dlq import lambda_handler
+from asyncinfer.local.event_source import sqs_event_record
 from asyncinfer.local.lambda_runtime import LocalContext
-from asyncinfer.local.stack import _sqs_record
 from tests.integration.conftest import Env, WorkerThread
 
 
@@ -109,7 +109,7 @@ def test_poison_message_goes_to_dlq_and_fails_with_max_attempts(
             time.sleep(0.2)
     assert env.job(job_id)["attempts"] == 2
     msgs = sqs.receive_message(QueueUrl=dlq, MessageSystemAttributeNames=["All"])["Messages"]
-    event = {"Records": [_sqs_record(m, dlq, "echo") for m in msgs]}
+    event = {"Records": [sqs_event_record(m, dlq) for m in msgs]}
     os.environ.update(env.env)
     from tests.conftest import reset_caches
 

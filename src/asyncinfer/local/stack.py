@@ -30,6 +30,7 @@ import httpx
 
 from asyncinfer import clients, logs
 from asyncinfer.local.autoscaler import LocalAutoscaler, sqs_queue_counts
+from asyncinfer.local.event_source import pump_once
 from asyncinfer.local.gateway import LocalGateway
 from asyncinfer.local.lambda_runtime import LambdaPool
 from asyncinfer.local.resources import Resources, create_resources
@@ -37,11 +38,11 @@ from asyncinfer.models.registry import MODELS
 from asyncinfer.scaling.policy import ScalingConfig
 from asyncinfer.settings import Settings
 from asyncinfer.sweeper import expire_due
-from asyncinfer.webhooks.pump import WEBHOOK_HANDLER, pump_once
 
 log = logging.getLogger("asyncinfer.local")
 
 DLQ_HANDLER = "asyncinfer.dlq:lambda_handler"
+WEBHOOK_HANDLER = "asyncinfer.webhooks.dispatcher:lambda_handler"
 #: How often the expiry sweeper runs on the local stack, seconds.
 SWEEP_SECONDS = 5.0
 #: Seconds a worker gets between SIGTERM and SIGKILL when the stack stops.
@@ -264,30 +265,11 @@ class LocalStack:
         """Feed each dead-letter queue's messages to the DLQ Lambda handler as SQS events."""
         assert self.resources is not None and self.pool is not None
         sqs = clients.client("sqs", self.settings)
+        pool = self.pool
         while not self.stop_event.is_set():
-            for model, url in self.resources.dlqs.items():
+            for url in self.resources.dlqs.values():
                 try:
-                    resp = sqs.receive_message(
-                        QueueUrl=url,
-                        MaxNumberOfMessages=10,
-                        WaitTimeSeconds=1,
-                        MessageSystemAttributeNames=["All"],
-                    )
-                    msgs = resp.get("Messages", [])
-                    if not msgs:
-                        continue
-                    event = {"Records": [_sqs_record(m, url, model) for m in msgs]}
-                    result = self.pool.invoke(DLQ_HANDLER, event, function_name="dlq")
-                    failed = {f["itemIdentifier"] for f in result.get("batchItemFailures", [])}
-                    done = [m for m in msgs if m["MessageId"] not in failed]
-                    if done:
-                        sqs.delete_message_batch(
-                            QueueUrl=url,
-                            Entries=[
-                                {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]}
-                                for n, m in enumerate(done)
-                            ],
-                        )
+                    pump_once(sqs, url, lambda ev: pool.invoke(DLQ_HANDLER, ev, "dlq"))
                 except Exception:
                     if self.stop_event.is_set():
                         return
@@ -296,7 +278,7 @@ class LocalStack:
 
     def _webhook_loop(self) -> None:
         """Feed the webhook queue's messages to the webhook dispatcher Lambda handler as SQS
-        events, as the event source mapping does in AWS (see asyncinfer.webhooks.pump)."""
+        events, as the event source mapping does in AWS (see asyncinfer.local.event_source)."""
         assert self.resources is not None and self.pool is not None
         pool, url = self.pool, self.resources.webhook_queue
         sqs = clients.client("sqs", self.settings)
@@ -353,22 +335,6 @@ class LocalStack:
         # The emulator's state is gone: so is what local.json pointed at.
         (self.opts.state_dir / "local.json").unlink(missing_ok=True)
         log.info("stopped")
-
-
-def _sqs_record(m: dict[str, Any], url: str, model: str) -> dict[str, Any]:
-    """An SQS Lambda event record for a received message."""
-    parts = url.rstrip("/").split("/")
-    return {
-        "messageId": m["MessageId"],
-        "receiptHandle": m["ReceiptHandle"],
-        "body": m["Body"],
-        "attributes": m.get("Attributes", {}),
-        "messageAttributes": {},
-        "md5OfBody": m.get("MD5OfBody", ""),
-        "eventSource": "aws:sqs",
-        "eventSourceARN": f"arn:aws:sqs:us-east-1:{parts[-2]}:{parts[-1]}",
-        "awsRegion": "us-east-1",
-    }
 
 
 def _wait_http(url: str, timeout: float) -> None:

@@ -11,7 +11,6 @@
 * :mod:`.dispatcher`: the Lambda handler fed by the webhook queue (subscribed to the events topic):
   retries with exponential backoff and jitter through message visibility for at least 24 h, then
   the webhook dead-letter queue; 410 stops.
-* :mod:`.pump`: feeds the handler from the queue on the local stack (and in tests).
 * :mod:`.queues`: the webhook queue and its DLQ, as the local stack creates them.
 
 Importing this package imports nothing else: the API Lambda uses :mod:`.secrets` alone (no

@@ -2,8 +2,8 @@
 
 It is fed by the webhook queue, an SQS queue subscribed to the events topic with raw message
 delivery (in AWS: this module's :func:`lambda_handler` behind an SQS event source with
-``ReportBatchItemFailures``; on the local stack the same handler, fed by :mod:`.pump`). For each
-event:
+``ReportBatchItemFailures``; on the local stack the same handler, fed by
+:mod:`asyncinfer.local.event_source`). For each event:
 
 * events of jobs without a webhook, or of a type not in the job's ``webhook.events``, are dropped;
 * the body sent is the event exactly as published (the SQS message body), so every retry carries

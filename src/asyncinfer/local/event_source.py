@@ -1,13 +1,12 @@
-"""Feeds the webhook dispatcher from its queue where no Lambda event source mapping does it: on
-the local stack and in tests. It does what the event source mapping does: receive a batch, hand
-it to the handler as an SQS event, delete the records the handler did not report failed."""
+"""A Lambda SQS event source mapping for the local stack and tests: receive a batch from a queue,
+hand it to a handler as an SQS event, delete the records the handler did not report failed
+(``batchItemFailures``). The DLQ handler and the webhook dispatcher are fed this way locally,
+as their event source mappings feed them in AWS."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-
-WEBHOOK_HANDLER = "asyncinfer.webhooks.dispatcher:lambda_handler"
 
 
 def sqs_event_record(m: dict[str, Any], queue_url: str) -> dict[str, Any]:
