@@ -5,17 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from asyncinfer.backlog import BacklogConfig, publish_backlog_metrics
+from asyncinfer.observability import instrument, powertools
 
-logger = Logger()
-tracer = Tracer()
+logger, tracer, metrics = powertools("backlog-metric")
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
+@instrument(logger, tracer, metrics)
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """Measure every model's queue and service; print the metrics as EMF; return them."""
     points = publish_backlog_metrics(BacklogConfig.from_env())

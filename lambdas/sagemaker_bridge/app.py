@@ -5,20 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from asyncinfer.observability import instrument, powertools
 from asyncinfer.sagemaker.bridge import Bridge
 
-logger = Logger()
-tracer = Tracer()
-metrics = Metrics()
+logger, tracer, metrics = powertools("sagemaker-bridge")
 _bridge: Bridge | None = None
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@metrics.log_metrics
+@instrument(logger, tracer, metrics)
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """Returns ``{"batchItemFailures": [{"itemIdentifier": message_id}, ...]}``."""
     global _bridge

@@ -5,27 +5,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from asyncinfer.observability import NAMESPACE, instrument, powertools
 from asyncinfer.sagemaker.completion import Completion
 
-logger = Logger()
-tracer = Tracer()
-metrics = Metrics()
+logger, tracer, metrics = powertools("sagemaker-completion")
 _completion: Completion | None = None
 
 
 def emit(name: str, value: float, unit: str, model: str) -> None:
     """One EMF metric with the ``Model`` dimension (the dashboard's job metrics)."""
-    with single_metric(name=name, unit=MetricUnit(unit), value=value) as m:
+    with single_metric(name=name, unit=MetricUnit(unit), value=value, namespace=NAMESPACE) as m:
         m.add_dimension(name="Model", value=model)
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@metrics.log_metrics
+@instrument(logger, tracer, metrics)
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """Handle every SNS record; an exception makes Lambda retry the whole (one-record) event."""
     global _completion
