@@ -93,3 +93,18 @@ class ApiCaller:
         except ValueError:
             parsed = text
         return resp["statusCode"], parsed, out_headers
+
+
+def drain_events(sqs: Any, queue_url: str) -> list[dict[str, Any]]:
+    """Every job event waiting in an SQS queue subscribed to the topic with raw delivery (the
+    stack's event-log queue), in arrival order, deleting them."""
+    out: list[dict[str, Any]] = []
+    while True:
+        msgs = sqs.receive_message(
+            QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0
+        ).get("Messages", [])
+        if not msgs:
+            return out
+        for m in msgs:
+            out.append(json.loads(m["Body"]))
+            sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"])

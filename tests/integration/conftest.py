@@ -4,7 +4,6 @@ resources per test, and helpers to run real workers in threads or processes."""
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from asyncinfer.local.stack import free_port
 from asyncinfer.settings import Settings
 from asyncinfer.store import JobStore
 from asyncinfer.worker.runner import Worker
+from tests.conftest import drain_events
 
 _prefix = itertools.count()
 
@@ -70,19 +70,7 @@ class Env:
 
     def events(self) -> list[dict[str, Any]]:
         """Every event published so far (drained from the subscribed event-log queue)."""
-        sqs = clients.client("sqs", self.settings)
-        out: list[dict[str, Any]] = []
-        while True:
-            msgs = sqs.receive_message(
-                QueueUrl=self.resources.event_log_queue, MaxNumberOfMessages=10
-            ).get("Messages", [])
-            if not msgs:
-                return out
-            for m in msgs:
-                out.append(json.loads(m["Body"]))
-                sqs.delete_message(
-                    QueueUrl=self.resources.event_log_queue, ReceiptHandle=m["ReceiptHandle"]
-                )
+        return drain_events(clients.client("sqs", self.settings), self.resources.event_log_queue)
 
     def queue_counts(self, url: str) -> tuple[int, int]:
         """(visible, in flight) messages of a queue."""

@@ -11,7 +11,7 @@ import pytest
 
 from asyncinfer import clients
 from asyncinfer.local.resources import Resources
-from tests.conftest import ApiCaller
+from tests.conftest import ApiCaller, drain_events
 
 PARIS = {
     "model": "smollm2-135m-instruct",
@@ -31,17 +31,8 @@ def stored_items(res: Resources) -> int:
 
 
 def events(res: Resources) -> list[dict[str, Any]]:
-    sqs = clients.client("sqs")
-    out = []
-    while True:
-        msgs = sqs.receive_message(
-            QueueUrl=res.event_log_queue, MaxNumberOfMessages=10, WaitTimeSeconds=0
-        ).get("Messages", [])
-        if not msgs:
-            return out
-        for m in msgs:
-            out.append(json.loads(m["Body"]))
-            sqs.delete_message(QueueUrl=res.event_log_queue, ReceiptHandle=m["ReceiptHandle"])
+    """The events published so far (drained from the subscribed event-log queue)."""
+    return drain_events(clients.client("sqs"), res.event_log_queue)
 
 
 def test_health_needs_no_key(api: ApiCaller) -> None:

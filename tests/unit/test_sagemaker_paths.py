@@ -32,6 +32,7 @@ from asyncinfer.sagemaker.server import InvocationsApp, make_server
 from asyncinfer.settings import Settings
 from asyncinfer.store import JobStore
 from asyncinfer.timeutil import iso, now
+from tests.conftest import drain_events
 
 TENANT = "t1"
 ENDPOINTS = {"echo": "ep-echo"}
@@ -41,18 +42,8 @@ ENDPOINTS = {"echo": "ep-echo"}
 
 
 def events(res: Resources) -> list[dict[str, Any]]:
-    """Drain the event log queue (subscribed to the topic, raw delivery): the events published."""
-    sqs = clients.client("sqs")
-    out = []
-    while True:
-        msgs = sqs.receive_message(
-            QueueUrl=res.event_log_queue, MaxNumberOfMessages=10, WaitTimeSeconds=0
-        ).get("Messages", [])
-        if not msgs:
-            return out
-        for m in msgs:
-            out.append(json.loads(m["Body"]))
-            sqs.delete_message(QueueUrl=res.event_log_queue, ReceiptHandle=m["ReceiptHandle"])
+    """The events published so far (drained from the subscribed event-log queue)."""
+    return drain_events(clients.client("sqs"), res.event_log_queue)
 
 
 def submit(settings: Settings, **req: Any) -> str:
