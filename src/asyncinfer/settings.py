@@ -19,8 +19,9 @@ Environment variables (all optional unless a component needs the resource):
 ``ASYNCINFER_MODEL_CACHE``          where converted checkpoints are cached (~/.cache/asyncinfer)
 ``ASYNCINFER_MAX_BATCH_SIZE``       most jobs a worker runs together (default: the model's)
 ``ASYNCINFER_MAX_WAIT_MS``          how long a worker gathers a batch once a job is in hand (50)
-``ASYNCINFER_TOKEN_BUDGET``         generation: most prompt + max_new_tokens tokens across the
-                                    jobs of a batch (32768); a job over it alone fails
+``ASYNCINFER_TOKEN_BUDGET``         generation: most KV cache entries of a batch, padding
+                                    included: jobs x the largest prompt + max_new_tokens
+                                    (32768); a job over it alone fails
 ``ASYNCINFER_LOCAL``                ``1`` on the local stack: webhooks may use http and loopback
 ``ASYNCINFER_WEBHOOK_QUEUE_URL``    SQS queue of the webhook dispatcher (subscribed to the topic)
 ``ASYNCINFER_WEBHOOK_DLQ_URL``      where webhook events go after the retry window

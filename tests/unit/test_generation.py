@@ -243,3 +243,73 @@ def test_jobs_join_a_running_batch(handler: SmolLM2Handler) -> None:
     handler.serve(source, 4)
     for it in items:
         assert source.results[it.job_id] == alone(handler, it), it.job_id
+
+
+def test_rows_joining_and_leaving_keep_greedy_outputs(handler: SmolLM2Handler) -> None:
+    """Short prompts first, then longer ones (the window grows on the left), more rows than the
+    first allocation, rows leaving from the middle: every output equals the job's alone."""
+    long_ctx = "Context: the museum opens at nine and closes at five, except on Mondays. " * 3
+    items = []
+    for n in range(10):
+        content = PROMPTS[n % len(PROMPTS)]
+        if n >= 4:
+            content = long_ctx * (n - 3) + content
+        items.append(
+            WorkItem(
+                job_id=f"j{n}",
+                input=GenerationInput.model_validate(
+                    {
+                        "messages": [{"role": "user", "content": content}],
+                        "max_new_tokens": 3 + (7 * n) % 11,
+                    }
+                ),
+            )
+        )
+    source = Trickle(items)
+    handler.serve(source, 7)
+    for it in items:
+        assert source.results[it.job_id] == alone(handler, it), it.job_id
+
+
+def test_budget_counts_padding(handler: SmolLM2Handler, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long prompt would pad every short row to its length: the budget counts rows x the
+    longest, so the long job waits until the short ones are done."""
+    small = SmolLM2Handler(spec=handler.spec, token_budget=400)
+    small.model, small.tokenizer, small.eos_ids = handler.model, handler.tokenizer, handler.eos_ids
+    seen: list[int] = []
+    real_step = BatchedDecoder.step
+
+    def step(self: BatchedDecoder) -> Any:
+        seen.append(self.padded_tokens())
+        return real_step(self)
+
+    monkeypatch.setattr(BatchedDecoder, "step", step)
+    items = [item(f"j{n}", prompt="The sky is", max_new_tokens=20) for n in range(3)]
+    items.append(item("j3", prompt="word " * 250, max_new_tokens=20))
+    source = run(small, items, batch=4)
+    assert all(isinstance(source.results[f"j{n}"], dict) for n in range(4))
+    assert seen and max(seen) <= 400
+    assert source.order[-1] == "j3"
+
+
+def test_nucleus_sampling_keeps_to_the_nucleus() -> None:
+    import torch
+
+    from asyncinfer.models.generation import NUCLEUS_CANDIDATES, Sequence, sample
+
+    # One dominant token: top_p 0.5 keeps it alone.
+    peaked = torch.zeros(1000)
+    peaked[123] = 20.0
+    seq = Sequence(prompt_ids=[1], max_new_tokens=1, temperature=1.0, top_p=0.5, seed=1)
+    assert {sample(peaked, seq) for _ in range(50)} == {123}
+    # A nucleus wider than the top-k candidates: 400 equally likely tokens hold 0.99 of the
+    # mass; draws fall among them only, and beyond the first NUCLEUS_CANDIDATES too.
+    flat = torch.full((5000,), -30.0)
+    flat[:400] = 0.0
+    seq = Sequence(prompt_ids=[1], max_new_tokens=1, temperature=1.0, top_p=0.9, seed=2)
+    draws = [sample(flat, seq) for _ in range(400)]
+    assert max(draws) < 400
+    assert any(d >= NUCLEUS_CANDIDATES for d in draws)
+    # The same seed draws the same tokens.
+    again = Sequence(prompt_ids=[1], max_new_tokens=1, temperature=1.0, top_p=0.9, seed=2)
+    assert [sample(flat, again) for _ in range(400)] == draws

@@ -62,7 +62,7 @@ MODELS: dict[str, ModelSpec] = {
             task="text-generation",
             input_model=GenerationInput,
             handler="asyncinfer.models.smollm2:SmolLM2Handler",
-            max_batch_size=16,
+            max_batch_size=64,
             description="SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised once) chat generation",
         ),
         ModelSpec(

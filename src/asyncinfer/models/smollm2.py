@@ -32,7 +32,9 @@ log = logging.getLogger("asyncinfer.models.smollm2")
 
 #: Longest prompt accepted, tokens (the model's context is 8192; leave room to generate).
 MAX_PROMPT_TOKENS = 8192 - 1024
-#: Default token budget of a batch (prompt + max_new_tokens summed over its jobs).
+#: Default token budget of a batch, tokens: the KV cache entries its jobs can come to hold, padding
+#: included (jobs x the largest prompt + max_new_tokens among them; see
+#: :meth:`BatchedDecoder.padded_tokens`). 32768 entries of SmolLM2 are 1.5 GB in fp32.
 DEFAULT_TOKEN_BUDGET = 32768
 #: Least time between two progress reports of one job, seconds.
 PROGRESS_INTERVAL = 1.0
@@ -77,7 +79,8 @@ class SmolLM2Handler(ModelHandler):
     job's interruption leaves the others running.
 
     Args:
-        token_budget: most tokens (prompt + ``max_new_tokens``) across the jobs of a batch;
+        token_budget: most KV cache entries a batch may come to hold, tokens: its jobs x the
+            largest prompt + ``max_new_tokens`` among them (never less than their sum);
             default: ``ASYNCINFER_TOKEN_BUDGET`` (settings), else :data:`DEFAULT_TOKEN_BUDGET`.
     """
 
@@ -229,7 +232,7 @@ class SmolLM2Handler(ModelHandler):
                     except Exception as err:
                         log.exception("could not prepare job %s", item.job_id)
                         source.finish(item, TransientError(f"{type(err).__name__}: {err}"[:500]))
-            while pending and engine.reserved_tokens + pending[0].reserved_tokens <= budget:
+            while pending and engine.padded_tokens(pending[0]) <= budget:
                 seq = pending.popleft()
                 stop = seq.tag["item"].interruption()
                 if stop is not None:
