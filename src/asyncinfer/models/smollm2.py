@@ -24,7 +24,7 @@ from asyncinfer.errors import (
     WorkerStopping,
 )
 from asyncinfer.models.base import ModelHandler, Result, WorkItem, WorkSource
-from asyncinfer.models.checkpoint import ensure_checkpoint
+from asyncinfer.models.checkpoint import ensure_checkpoint, load_checkpoint
 from asyncinfer.models.generation import BatchedDecoder, Sequence
 from asyncinfer.models.schemas import GenerationInput
 
@@ -95,16 +95,14 @@ class SmolLM2Handler(ModelHandler):
         self._lock = threading.Lock()
 
     def load(self) -> None:
+        """Load the tokenizer and the fp32 model from the cached checkpoint, converted once
+        (:func:`~asyncinfer.models.checkpoint.load_checkpoint`: the same tokens and weights as
+        ``AutoTokenizer`` and ``AutoModelForCausalLM.from_pretrained`` give, in less time)."""
         if self.model is not None:
             return
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         cache = Path(self.cache_dir or Path.home() / ".cache" / "asyncinfer")
         folder = ensure_checkpoint(cache, self.spec.id)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        self.model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-        self.model.eval()
+        self.tokenizer, self.model = load_checkpoint(folder)
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = {int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None}
 
