@@ -111,6 +111,9 @@ class JobService:
             priority=req.priority,
             expires_at=record["expires_at"],
             timeout_seconds=req.timeout_seconds,
+            created_at=record["created_at"],
+            metadata=record["metadata"],
+            webhook=record["webhook"],
         )
         if req.input is not None:
             body = dumps(req.input)

@@ -22,6 +22,8 @@ Every status change is :meth:`JobStore.transition`: an UpdateItem whose conditio
 status (``#status``: ``status`` is a DynamoDB reserved word) and, where given, the attempt number.
 A late or duplicate update therefore fails with :class:`~asyncinfer.errors.TransitionRefused`
 carrying the record as it now is (``ReturnValuesOnConditionCheckFailure=ALL_OLD``).
+:meth:`JobStore.transition_many` writes the same conditional updates of several jobs in
+TransactWriteItems calls, each item refused or applied as it would be alone.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
@@ -46,6 +49,8 @@ TENANT_INDEX = "tenant-index"
 QUEUED_INDEX = "queued-expiry-index"
 #: Partition key value of that index: set while a job is ``queued``, removed when it leaves.
 QUEUED_MARK = "queued"
+
+T = TypeVar("T")
 
 _ser = TypeSerializer()
 _deser = TypeDeserializer()
@@ -233,46 +238,24 @@ class JobStore:
             TransitionRefused: the job is not in ``from_status`` (or not at ``attempts``), or does
                 not exist; ``current`` holds the record as it is.
         """
-        froms = (from_status,) if isinstance(from_status, str) else tuple(from_status)
-        for f in froms:
-            if not lifecycle.is_allowed(f, to_status):
-                raise ValueError(f"lifecycle does not allow {f} -> {to_status}")
-        names = {"#status": "status"}
-        values: dict[str, Any] = {":to": {"S": to_status}}
-        conds = []
-        for n, f in enumerate(froms):
-            values[f":f{n}"] = {"S": f}
-        conds.append("#status IN (" + ", ".join(f":f{n}" for n in range(len(froms))) + ")")
-        if attempts is not None:
-            conds.append("attempts = :att")
-            values[":att"] = {"N": str(attempts)}
-        sets = ["#status = :to"]
-        for n, (k, v) in enumerate((set_fields or {}).items()):
-            names[f"#k{n}"] = k
-            values[f":v{n}"] = _ser.serialize(_to_ddb(v))
-            sets.append(f"#k{n} = :v{n}")
-        if increment_attempts:
-            sets.append("attempts = attempts + :one")
-            values[":one"] = {"N": "1"}
-        removes = list(remove_fields)
-        if to_status == lifecycle.QUEUED:
-            sets.append("queued_mark = :qm")
-            values[":qm"] = {"S": QUEUED_MARK}
-        else:
-            removes.append("queued_mark")
-        expr = "SET " + ", ".join(sets)
-        if removes:
-            for n, k in enumerate(removes):
-                names[f"#r{n}"] = k
-            expr += " REMOVE " + ", ".join(f"#r{n}" for n in range(len(removes)))
+        return self._transition_one(
+            Transition(
+                job_id,
+                from_status=from_status if isinstance(from_status, str) else tuple(from_status),
+                to_status=to_status,
+                attempts=attempts,
+                set_fields=dict(set_fields or {}),
+                remove_fields=tuple(remove_fields),
+                increment_attempts=increment_attempts,
+            )
+        )
+
+    def _transition_one(self, t: Transition) -> dict[str, Any]:
+        t.check()
         try:
             resp = self.ddb.update_item(
                 TableName=self.table,
-                Key={"job_id": {"S": job_id}},
-                UpdateExpression=expr,
-                ConditionExpression="attribute_exists(job_id) AND " + " AND ".join(conds),
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues=values,
+                **_update_params(t),
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
@@ -280,14 +263,100 @@ class JobStore:
             if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
             old: dict[str, Any] | None = exc.response.get("Item")  # type: ignore[assignment]
-            current = from_item(old) if old else None
-            got = f"{current['status']} (attempts {current.get('attempts')})" if current else "none"
-            raise TransitionRefused(
-                f"{job_id}: refused {'/'.join(froms)} -> {to_status}"
-                f"{f' at attempt {attempts}' if attempts is not None else ''}; it is {got}",
-                current,
-            ) from None
+            raise _refused(t, from_item(old) if old else None) from None
         return from_item(resp["Attributes"])
+
+    def transition_many(self, transitions: list[Transition]) -> list[TransitionOutcome]:
+        """Apply several transitions of distinct jobs with TransactWriteItems, each still
+        conditional on its own status (and attempt) as in :meth:`transition`.
+
+        DynamoDB's limits (API Reference, "TransactWriteItems",
+        https://docs.aws.amazon.com/amazondynamodb/latest/APIReference/API_TransactWriteItems.html):
+        at most 100 actions per call, their items at most 4 MB in all, and no item targeted by
+        more than one action of a call. Calls are cut at 100 transitions and at
+        :data:`TRANSACT_BUDGET_BYTES` of estimated item size; a job id given twice is a
+        ``ValueError`` (as is a transition the lifecycle does not allow). botocore gives each
+        call a ``ClientRequestToken`` (an idempotency token), so its own retries of a call that
+        did commit do not apply it twice.
+
+        A transaction is all or nothing: when DynamoDB cancels one, the transitions it names as
+        ``ConditionalCheckFailed`` are refused (``CancellationReasons``, with the current
+        item through ``ReturnValuesOnConditionCheckFailure=ALL_OLD``) and the others are sent
+        again in the next call; after :data:`TRANSACT_ROUNDS` calls, or when the cancellation
+        names no reasons, or the call fails otherwise, each remaining transition is written
+        alone with :meth:`transition`.
+
+        Returns, in the order given, one outcome per transition: ``None`` when it was applied
+        (the record is then ``t.applied_to(record before)``: TransactWriteItems returns no
+        item), the :class:`TransitionRefused` when it was refused, or the exception that kept
+        it from being written (an AWS fault: it may or may not have been applied).
+        """
+        seen: set[str] = set()
+        for t in transitions:
+            t.check()
+            if t.job_id in seen:
+                raise ValueError(f"{t.job_id} twice in one transaction")
+            seen.add(t.job_id)
+        out: list[TransitionOutcome] = [None] * len(transitions)
+        for chunk in _transaction_chunks(list(enumerate(transitions)), self._sizes(transitions)):
+            todo = chunk
+            for _ in range(TRANSACT_ROUNDS):
+                if len(todo) == 1:
+                    break
+                try:
+                    todo = self._transact(todo, out)
+                except Exception:  # an AWS fault: write them one by one
+                    break
+                if not todo:
+                    break
+            for n, t in todo:
+                try:
+                    self._transition_one(t)
+                except TransitionRefused as exc:
+                    # A call that failed may have committed before its answer was lost: a
+                    # refusal by a record that already shows this very write is no refusal.
+                    out[n] = None if t.shows_applied(exc.current) else exc
+                except Exception as exc:  # the caller decides per job
+                    out[n] = exc
+        return out
+
+    def _sizes(self, transitions: list[Transition]) -> list[int]:
+        return [
+            ITEM_BASE_BYTES + len(json.dumps(_update_params(t), default=str)) for t in transitions
+        ]
+
+    def _transact(
+        self, todo: list[tuple[int, Transition]], out: list[TransitionOutcome]
+    ) -> list[tuple[int, Transition]]:
+        """One TransactWriteItems call: fills ``out`` for what was decided, returns what must be
+        sent again."""
+        items = [
+            {
+                "Update": {
+                    "TableName": self.table,
+                    **_update_params(t),
+                    "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                }
+            }
+            for _, t in todo
+        ]
+        try:
+            self.ddb.transact_write_items(TransactItems=items)
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "TransactionCanceledException":
+                raise
+            reasons: list[dict[str, Any]] = exc.response.get("CancellationReasons") or []  # type: ignore[assignment]
+            if len(reasons) != len(todo):
+                raise
+            again = []
+            for (n, t), r in zip(todo, reasons, strict=True):
+                if r.get("Code") == "ConditionalCheckFailed":
+                    old = r.get("Item")
+                    out[n] = _refused(t, from_item(old) if old else None)
+                else:  # "None" (not the cause), TransactionConflict, throttling: send it again
+                    again.append((n, t))
+            return again
+        return []
 
     def expire(self, job_id: str) -> dict[str, Any] | None:
         """``queued -> expired`` (error ``expired``) for a job whose TTL passed in the queue.
@@ -359,12 +428,18 @@ class JobStore:
         ``updates`` holds ``(job_id, attempts, fields)``.
 
         A transaction is all or nothing: when some conditions fail, the others are written again
-        in a second transaction. Returns the ids whose condition failed.
+        in a second transaction. A lone update is an UpdateItem (the same one request, at half
+        the write units). Returns the ids whose condition failed.
         """
         refused: set[str] = set()
-        for i in range(0, len(updates), 100):
-            chunk = updates[i : i + 100]
+        sizes = [ITEM_BASE_BYTES + len(json.dumps(fields, default=str)) for _, _, fields in updates]
+        for chunk in _transaction_chunks(updates, sizes):
             for _ in range(2):
+                if len(chunk) == 1:  # the same one request, at half the write units
+                    job_id, attempts, fields = chunk[0]
+                    if not self._update_one(job_id, status, attempts, fields, unless):
+                        refused.add(job_id)
+                    break
                 failed = self._transact_updates(chunk, status=status, unless=unless)
                 refused |= failed
                 chunk = [u for u in chunk if u[0] not in failed]
@@ -425,6 +500,137 @@ class JobStore:
         return self.update_fields(
             job_id, status=status, attempts=attempts, set_fields=fields, unless=unless
         )
+
+
+#: TransactWriteItems: at most 100 actions a call (DynamoDB API Reference, "TransactWriteItems").
+TRANSACT_MAX_ITEMS = 100
+#: ... and their items at most 4 MB in all (same page); calls are cut well below, at this many
+#: bytes of estimated item size.
+TRANSACT_BUDGET_BYTES = 3 * 1024 * 1024
+#: Estimated size of a job record apart from what a write sets: ids, times, ``metadata`` (at
+#: most 2 KB), ``webhook`` (a URL of at most 2 KB) and the rest.
+ITEM_BASE_BYTES = 6 * 1024
+#: Calls :meth:`JobStore.transition_many` makes before it writes what is left one by one.
+TRANSACT_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One conditional status change: the arguments of :meth:`JobStore.transition`."""
+
+    job_id: str
+    from_status: str | tuple[str, ...]
+    to_status: str
+    attempts: int | None = None
+    set_fields: dict[str, Any] = field(default_factory=dict)
+    remove_fields: tuple[str, ...] = ()
+    increment_attempts: bool = False
+
+    @property
+    def froms(self) -> tuple[str, ...]:
+        return (self.from_status,) if isinstance(self.from_status, str) else self.from_status
+
+    def check(self) -> None:
+        """``ValueError`` when the lifecycle does not allow it (a programming error)."""
+        for f in self.froms:
+            if not lifecycle.is_allowed(f, self.to_status):
+                raise ValueError(f"lifecycle does not allow {f} -> {self.to_status}")
+
+    def applied_to(self, record: dict[str, Any]) -> dict[str, Any]:
+        """``record`` as this write leaves it: what ``ReturnValues=ALL_NEW`` would give when
+        nobody else wrote the item in between."""
+        new = dict(record)
+        new["status"] = self.to_status
+        if self.increment_attempts:
+            new["attempts"] = int(new.get("attempts") or 0) + 1
+        new.update(_written(self.set_fields))
+        for k in self.remove_fields:
+            new.pop(k, None)
+        if self.to_status == lifecycle.QUEUED:
+            new["queued_mark"] = QUEUED_MARK
+        else:
+            new.pop("queued_mark", None)
+        return new
+
+    def shows_applied(self, current: dict[str, Any] | None) -> bool:
+        """Whether ``current`` already holds this write (its status and every field it sets)."""
+        if current is None or current.get("status") != self.to_status or not self.set_fields:
+            return False
+        return all(current.get(k) == v for k, v in _written(self.set_fields).items())
+
+
+#: What :meth:`JobStore.transition_many` says of one transition: ``None`` (applied), the
+#: refusal, or the exception that kept it from being written.
+TransitionOutcome = TransitionRefused | Exception | None
+
+
+def _written(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` as DynamoDB stores and returns them (floats, Decimals, sets)."""
+    return {k: _from_ddb(_deser.deserialize(_ser.serialize(_to_ddb(v)))) for k, v in fields.items()}
+
+
+def _update_params(t: Transition) -> dict[str, Any]:
+    """The Key, expressions and condition of ``t``'s UpdateItem (or transaction Update)."""
+    names = {"#status": "status"}
+    values: dict[str, Any] = {":to": {"S": t.to_status}}
+    conds = []
+    for n, f in enumerate(t.froms):
+        values[f":f{n}"] = {"S": f}
+    conds.append("#status IN (" + ", ".join(f":f{n}" for n in range(len(t.froms))) + ")")
+    if t.attempts is not None:
+        conds.append("attempts = :att")
+        values[":att"] = {"N": str(t.attempts)}
+    sets = ["#status = :to"]
+    for n, (k, v) in enumerate(t.set_fields.items()):
+        names[f"#k{n}"] = k
+        values[f":v{n}"] = _ser.serialize(_to_ddb(v))
+        sets.append(f"#k{n} = :v{n}")
+    if t.increment_attempts:
+        sets.append("attempts = attempts + :one")
+        values[":one"] = {"N": "1"}
+    removes = list(t.remove_fields)
+    if t.to_status == lifecycle.QUEUED:
+        sets.append("queued_mark = :qm")
+        values[":qm"] = {"S": QUEUED_MARK}
+    else:
+        removes.append("queued_mark")
+    expr = "SET " + ", ".join(sets)
+    if removes:
+        for n, k in enumerate(removes):
+            names[f"#r{n}"] = k
+        expr += " REMOVE " + ", ".join(f"#r{n}" for n in range(len(removes)))
+    return {
+        "Key": {"job_id": {"S": t.job_id}},
+        "UpdateExpression": expr,
+        "ConditionExpression": "attribute_exists(job_id) AND " + " AND ".join(conds),
+        "ExpressionAttributeNames": names,
+        "ExpressionAttributeValues": values,
+    }
+
+
+def _refused(t: Transition, current: dict[str, Any] | None) -> TransitionRefused:
+    got = f"{current['status']} (attempts {current.get('attempts')})" if current else "none"
+    at = f" at attempt {t.attempts}" if t.attempts is not None else ""
+    return TransitionRefused(
+        f"{t.job_id}: refused {'/'.join(t.froms)} -> {t.to_status}{at}; it is {got}", current
+    )
+
+
+def _transaction_chunks(items: list[T], sizes: list[int]) -> list[list[T]]:
+    """``items`` cut into runs of at most :data:`TRANSACT_MAX_ITEMS` whose ``sizes`` sum to at
+    most :data:`TRANSACT_BUDGET_BYTES` (an item over the budget goes alone)."""
+    chunks: list[list[T]] = []
+    cur: list[T] = []
+    total = 0
+    for item, size in zip(items, sizes, strict=True):
+        if cur and (len(cur) == TRANSACT_MAX_ITEMS or total + size > TRANSACT_BUDGET_BYTES):
+            chunks.append(cur)
+            cur, total = [], 0
+        cur.append(item)
+        total += size
+    if cur:
+        chunks.append(cur)
+    return chunks
 
 
 def _encode_cursor(key: dict[str, Any]) -> str:

@@ -75,6 +75,29 @@ def test_event_has_filterable_message_attributes(api: ApiCaller, resources: Reso
     }
 
 
+def test_message_carries_the_queued_record(api: ApiCaller, resources: Resources) -> None:
+    """The message holds every attribute of the queued record that the job object shows, so a
+    worker that starts the job on its first delivery knows the record it wrote."""
+    from asyncinfer.store import JobStore
+
+    hook = {"url": "https://example.com/hook", "events": ["job.succeeded"]}
+    status, job, _ = api(
+        "POST",
+        "/v1/jobs",
+        {"model": "echo", "input": {"x": 1}, "metadata": {"ref": "a"}, "webhook": hook},
+    )
+    assert status == 202
+    msg = json.loads(
+        clients.client("sqs").receive_message(QueueUrl=resources.queues["echo"])["Messages"][0][
+            "Body"
+        ]
+    )
+    record = JobStore().get(job["id"])
+    assert record is not None
+    for key in ("created_at", "metadata", "webhook", "expires_at", "timeout_seconds", "priority"):
+        assert msg[key] == record[key]
+
+
 def test_malformed_json_is_400_and_stores_nothing(api: ApiCaller, resources: Resources) -> None:
     status, body, _ = api("POST", "/v1/jobs", raw=b'{"model": "echo", "input": {')
     assert status == 400

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Any
+
 import pytest
+from botocore.exceptions import ClientError
 
 from asyncinfer import lifecycle
+from asyncinfer import store as store_module
 from asyncinfer.errors import TransitionRefused
 from asyncinfer.settings import Settings
-from asyncinfer.store import JobStore
+from asyncinfer.store import JobStore, Transition
 
 
 def new_job(store: JobStore, job_id: str = "job_01ARZ3NDEKTSV4RRFFQ69G5FAV") -> str:
@@ -126,3 +131,206 @@ def test_progress_writes_in_one_transaction_report_refused_jobs(settings: Settin
     assert store.get(ids[0])["progress_tokens"] == 7  # type: ignore[index]
     assert "progress_tokens" not in store.get(ids[1])  # type: ignore[operator]
     assert "progress_tokens" not in store.get(ids[2])  # type: ignore[operator]
+
+
+# ---------------------------------------------------------------------- transitions in batches
+def count_calls(store: JobStore) -> Counter[str]:
+    """Counts the DynamoDB requests ``store`` makes from now on, by operation."""
+    calls: Counter[str] = Counter()
+
+    def hook(model: Any, **_: Any) -> None:
+        calls[model.name] += 1
+
+    store.ddb.meta.events.register("after-call.dynamodb", hook)
+    return calls
+
+
+def running(job_id: str, started_at: str = "2026-11-30T00:00:01.000Z") -> Transition:
+    return Transition(
+        job_id,
+        from_status="queued",
+        to_status="running",
+        attempts=0,
+        increment_attempts=True,
+        set_fields={"started_at": started_at},
+        remove_fields=("completed_at", "progress_tokens", "output"),
+    )
+
+
+def succeeded(job_id: str, attempts: int = 1, output: str = '{"ok":true}') -> Transition:
+    return Transition(
+        job_id,
+        from_status="running",
+        to_status="succeeded",
+        attempts=attempts,
+        set_fields={"completed_at": "2026-11-30T00:00:02.000Z", "output": output},
+    )
+
+
+IDS = [f"job_01ARZ3NDEKTSV4RRFFQ69G5F{c}{d}" for c in "ABCD" for d in "ABCDEFGHJKMNPQRS"]
+
+
+def test_a_batch_is_marked_running_in_one_call(settings: Settings) -> None:
+    store = JobStore(settings)
+    ids = [new_job(store, j) for j in IDS[:5]]
+    before = {j: store.get(j) for j in ids}
+    calls = count_calls(store)
+    outcomes = store.transition_many([running(j) for j in ids])
+    assert outcomes == [None] * 5
+    assert calls == Counter({"TransactWriteItems": 1})
+    for j in ids:
+        rec = store.get(j)
+        assert rec is not None
+        assert rec["status"] == "running" and rec["attempts"] == 1
+        # What the caller knows of the record without reading it back is the record.
+        assert running(j).applied_to(before[j]) == rec  # type: ignore[arg-type]
+
+
+def test_terminal_records_of_a_batch_in_one_call_with_starts(settings: Settings) -> None:
+    store = JobStore(settings)
+    done = [new_job(store, j) for j in IDS[:3]]
+    todo = [new_job(store, j) for j in IDS[3:6]]
+    for j in done:
+        start(store, j)
+    calls = count_calls(store)
+    outcomes = store.transition_many([succeeded(j) for j in done] + [running(j) for j in todo])
+    assert outcomes == [None] * 6
+    assert calls == Counter({"TransactWriteItems": 1})
+    assert [store.get(j)["status"] for j in done] == ["succeeded"] * 3  # type: ignore[index]
+    assert [store.get(j)["status"] for j in todo] == ["running"] * 3  # type: ignore[index]
+
+
+def test_one_refused_item_is_reported_and_the_others_are_written(settings: Settings) -> None:
+    """A transaction is all or nothing: DynamoDB cancels it for the one job that was cancelled
+    while queued; that job is refused with its current record, the rest go in a second call."""
+    store = JobStore(settings)
+    ids = [new_job(store, j) for j in IDS[:4]]
+    store.transition(ids[2], from_status="queued", to_status="cancelled")
+    calls = count_calls(store)
+    outcomes = store.transition_many([running(j) for j in ids])
+    assert calls == Counter({"TransactWriteItems": 2})
+    assert [o is None for o in outcomes] == [True, True, False, True]
+    refused = outcomes[2]
+    assert isinstance(refused, TransitionRefused)
+    assert refused.current is not None and refused.current["status"] == "cancelled"
+    assert store.get(ids[2])["status"] == "cancelled"  # type: ignore[index]
+    assert [store.get(j)["attempts"] for j in ids] == [1, 1, 0, 1]  # type: ignore[index]
+
+
+def test_a_late_write_is_still_refused_in_a_batch(settings: Settings) -> None:
+    """Attempt 1's worker was lost and attempt 2 runs: attempt 1's terminal write, batched with
+    another job's, is refused; the other job's is applied."""
+    store = JobStore(settings)
+    lost, other = new_job(store, IDS[0]), new_job(store, IDS[1])
+    start(store, lost)
+    store.transition(lost, from_status="running", to_status="queued", attempts=1)
+    start(store, lost)  # attempt 2
+    start(store, other)
+    outcomes = store.transition_many([succeeded(lost, attempts=1), succeeded(other)])
+    assert isinstance(outcomes[0], TransitionRefused)
+    assert outcomes[1] is None
+    rec = store.get(lost)
+    assert rec is not None and rec["status"] == "running" and rec["attempts"] == 2
+    # ...and a start that assumed the first attempt is refused too.
+    taken, free = new_job(store, IDS[2]), new_job(store, IDS[3])
+    start(store, taken)
+    outcomes = store.transition_many([running(taken), running(free)])
+    assert isinstance(outcomes[0], TransitionRefused) and outcomes[1] is None
+
+
+def test_a_start_that_assumed_the_wrong_attempt_is_refused(settings: Settings) -> None:
+    store = JobStore(settings)
+    jid = new_job(store, IDS[0])
+    start(store, jid)
+    store.transition(jid, from_status="running", to_status="queued", attempts=1)
+    other = new_job(store, IDS[1])
+    outcomes = store.transition_many([running(jid), running(other)])
+    assert isinstance(outcomes[0], TransitionRefused)
+    assert outcomes[0].current is not None and outcomes[0].current["attempts"] == 1
+    assert outcomes[1] is None
+
+
+def test_transaction_limits_cut_calls(settings: Settings, monkeypatch: Any) -> None:
+    """At most 100 items a call, and about TRANSACT_BUDGET_BYTES of items (DynamoDB allows
+    4 MB)."""
+    store = JobStore(settings)
+    ids = [new_job(store, f"job_01ARZ3NDEKTSV4RRFFQ69G{n:04d}") for n in range(150)]
+    calls = count_calls(store)
+    assert store.transition_many([running(j) for j in ids]) == [None] * 150
+    assert calls == Counter({"TransactWriteItems": 2})
+    monkeypatch.setattr(
+        store_module, "TRANSACT_BUDGET_BYTES", 3 * (store_module.ITEM_BASE_BYTES + 4000)
+    )
+    big = "x" * 3000
+    calls.clear()
+    outcomes = store.transition_many([succeeded(j, output=big) for j in ids[:9]])
+    assert outcomes == [None] * 9
+    assert calls == Counter({"TransactWriteItems": 3})
+
+
+def test_one_item_is_written_alone(settings: Settings) -> None:
+    store = JobStore(settings)
+    jid = new_job(store, IDS[0])
+    calls = count_calls(store)
+    assert store.transition_many([running(jid)]) == [None]
+    assert calls == Counter({"UpdateItem": 1})
+
+
+def test_the_same_job_twice_or_an_illegal_transition_is_a_programming_error(
+    settings: Settings,
+) -> None:
+    store = JobStore(settings)
+    jid = new_job(store, IDS[0])
+    with pytest.raises(ValueError, match="twice"):
+        store.transition_many([running(jid), succeeded(jid)])
+    with pytest.raises(ValueError, match="lifecycle"):
+        store.transition_many(
+            [Transition(jid, from_status="queued", to_status="succeeded"), running(IDS[1])]
+        )
+
+
+def test_conflicting_items_are_sent_again(settings: Settings, monkeypatch: Any) -> None:
+    """DynamoDB cancels a transaction that meets another on an item (TransactionConflict):
+    nothing was refused, so every item goes again in the next call."""
+    store = JobStore(settings)
+    ids = [new_job(store, j) for j in IDS[:2]]
+    real = store.ddb.transact_write_items
+    seen = []
+
+    def flaky(**kwargs: Any) -> Any:
+        seen.append(kwargs)
+        if len(seen) == 1:
+            raise ClientError(
+                {
+                    "Error": {"Code": "TransactionCanceledException", "Message": "conflict"},
+                    "CancellationReasons": [{"Code": "TransactionConflict"}, {"Code": "None"}],
+                },
+                "TransactWriteItems",
+            )
+        return real(**kwargs)
+
+    monkeypatch.setattr(store.ddb, "transact_write_items", flaky)
+    assert store.transition_many([running(j) for j in ids]) == [None, None]
+    assert len(seen) == 2
+    assert [store.get(j)["status"] for j in ids] == ["running"] * 2  # type: ignore[index]
+
+
+def test_a_failed_call_that_committed_is_not_a_refusal(
+    settings: Settings, monkeypatch: Any
+) -> None:
+    """The transaction commits but its answer is lost (an AWS fault after botocore's retries):
+    the store writes each item alone, and a refusal by a record that already shows the very
+    write is reported as applied."""
+    store = JobStore(settings)
+    ids = [new_job(store, j) for j in IDS[:2]]
+    real = store.ddb.transact_write_items
+
+    def commits_then_fails(**kwargs: Any) -> Any:
+        real(**kwargs)
+        raise ClientError(
+            {"Error": {"Code": "InternalServerError", "Message": "lost"}}, "TransactWriteItems"
+        )
+
+    monkeypatch.setattr(store.ddb, "transact_write_items", commits_then_fails)
+    assert store.transition_many([running(j) for j in ids]) == [None, None]
+    assert [store.get(j)["attempts"] for j in ids] == [1, 1]  # type: ignore[index]

@@ -99,7 +99,9 @@ class WorkSource(Protocol):
         ...
 
     def finish(self, item: WorkItem, result: Result) -> None:
-        """Record ``item``'s result now: terminal write, event, message deletion (or release)."""
+        """Hand ``item``'s result back. The source records it (terminal write, then its event,
+        then the message's deletion; or a release) at once, or with its next :meth:`take` if
+        that comes within about a second; while the source is stopping, at once."""
         ...
 
 

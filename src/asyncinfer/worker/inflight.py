@@ -21,8 +21,12 @@ class Held:
         attempts: the job's attempt number while it runs (``None`` until started).
         cancel_event: set when a cancel request is seen for the running job.
         progress: ``(completion_tokens, partial output)`` reported since the last flush.
-        finished: the job's result is recorded; only the message's deletion is pending.
+        finished: the job's result is in the worker's hands; its terminal write, event and the
+            message's deletion are pending or done.
         queue_url: the queue the message came from (its priority class's queue).
+        started: ``time.monotonic()`` when its job started running (0 until then).
+        reported: its handler reported progress at least once.
+        written_tokens: the last progress count the watcher wrote for it.
     """
 
     message_id: str
@@ -35,6 +39,9 @@ class Held:
     cancel_event: threading.Event = field(default_factory=threading.Event)
     progress: tuple[int, dict[str, Any]] | None = None
     finished: bool = False
+    started: float = 0.0
+    reported: bool = False
+    written_tokens: int | None = None
 
 
 class InFlight:
