@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import base64
 import json
+import random
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -250,10 +252,28 @@ class JobStore:
             )
         )
 
+    def _update_item(self, **params: Any) -> Any:
+        """``UpdateItem``, sent again after a short, growing pause when it meets a transaction
+        writing the same item (``TransactionConflictException``: DynamoDB Developer Guide,
+        "Transaction conflict handling in DynamoDB"), which botocore's standard retry mode does
+        not retry: the worker's TransactWriteItems calls hold jobs the API may be cancelling.
+        At most :data:`CONFLICT_RETRIES` more tries (~1.5 s in all); other errors at once."""
+        pause = 0.05
+        for attempt in range(CONFLICT_RETRIES + 1):
+            try:
+                return self.ddb.update_item(**params)
+            except ClientError as exc:
+                code = exc.response["Error"]["Code"]
+                if code != "TransactionConflictException" or attempt == CONFLICT_RETRIES:
+                    raise
+            time.sleep(pause * (1 + random.random()))
+            pause *= 2
+        raise AssertionError("unreachable")
+
     def _transition_one(self, t: Transition) -> dict[str, Any]:
         t.check()
         try:
-            resp = self.ddb.update_item(
+            resp = self._update_item(
                 TableName=self.table,
                 **_update_params(t),
                 ReturnValues="ALL_NEW",
@@ -402,7 +422,7 @@ class JobStore:
             values[f":v{n}"] = _ser.serialize(_to_ddb(v))
             sets.append(f"#k{n} = :v{n}")
         try:
-            self.ddb.update_item(
+            self._update_item(
                 TableName=self.table,
                 Key={"job_id": {"S": job_id}},
                 UpdateExpression="SET " + ", ".join(sets),
@@ -502,6 +522,9 @@ class JobStore:
         )
 
 
+#: More tries of a conditional UpdateItem that met a transaction on its item (see
+#: :meth:`JobStore._update_item`).
+CONFLICT_RETRIES = 4
 #: TransactWriteItems: at most 100 actions a call (DynamoDB API Reference, "TransactWriteItems").
 TRANSACT_MAX_ITEMS = 100
 #: ... and their items at most 4 MB in all (same page); calls are cut well below, at this many

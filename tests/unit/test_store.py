@@ -334,3 +334,39 @@ def test_a_failed_call_that_committed_is_not_a_refusal(
     monkeypatch.setattr(store.ddb, "transact_write_items", commits_then_fails)
     assert store.transition_many([running(j) for j in ids]) == [None, None]
     assert [store.get(j)["attempts"] for j in ids] == [1, 1]  # type: ignore[index]
+
+
+def test_a_write_that_meets_a_transaction_is_sent_again(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel (plain UpdateItem) that meets the worker's TransactWriteItems on the same job
+    gets TransactionConflictException from DynamoDB, which botocore does not retry: the store
+    sends it again, and gives up (raises) only after CONFLICT_RETRIES more tries."""
+    store = JobStore(settings)
+    job_id = new_job(store)
+    monkeypatch.setattr(store_module.time, "sleep", lambda s: None)
+    real = store.ddb.update_item
+    conflicts = [2]
+
+    def update_item(**params: Any) -> Any:
+        if conflicts[0]:
+            conflicts[0] -= 1
+            raise ClientError(
+                {"Error": {"Code": "TransactionConflictException", "Message": "conflict"}},
+                "UpdateItem",
+            )
+        return real(**params)
+
+    monkeypatch.setattr(store.ddb, "update_item", update_item)
+    done = store.transition(job_id, from_status=lifecycle.QUEUED, to_status=lifecycle.CANCELLED)
+    assert done["status"] == lifecycle.CANCELLED and conflicts == [0]
+    assert (
+        store.update_fields(job_id, status=lifecycle.RUNNING, attempts=0, set_fields={"x": 1})
+        is False
+    )
+
+    conflicts[0] = store_module.CONFLICT_RETRIES + 1
+    other = new_job(store, "job_01ARZ3NDEKTSV4RRFFQ69G5FAW")
+    with pytest.raises(ClientError):
+        store.transition(other, from_status=lifecycle.QUEUED, to_status=lifecycle.CANCELLED)
+    assert store.get(other)["status"] == lifecycle.QUEUED  # type: ignore[index]
