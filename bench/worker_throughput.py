@@ -248,15 +248,7 @@ class Stack:
         base = Settings(endpoint_url=self.endpoint, region="us-east-1", receive_wait_seconds=20)
         res = create_resources(base, [MODEL], prefix=f"bench{self._n}", event_log=False)
         self.env = {**res.env(), "AWS_ENDPOINT_URL": self.endpoint}
-        return base.model_copy(
-            update={
-                "table_name": res.table,
-                "bucket": res.bucket,
-                "topic_arn": res.topic_arn,
-                "queue_urls": res.queues,
-                "models": [MODEL],
-            }
-        )
+        return res.settings(base)
 
     def cpu_seconds(self) -> float:
         """CPU time the emulator's process has used so far, seconds (``/proc``; 0 elsewhere):

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from asyncinfer import clients, lifecycle
+from asyncinfer.chunks import chunked
 from asyncinfer.jobview import render_job
 from asyncinfer.payloads import PayloadStore
 from asyncinfer.settings import Settings
@@ -56,16 +57,10 @@ class EventPublisher:
         """Publish the events of ``records`` with PublishBatch: up to 10 entries and 256 KiB a
         call (SNS API reference, "PublishBatch"). Raises if SNS refuses any entry."""
         entries = [self._entry(r) for r in records]
-        batch: list[dict[str, Any]] = []
-        size = 0
-        for entry in entries:
-            n = _entry_size(entry)
-            if batch and (len(batch) == PUBLISH_BATCH_MAX or size + n > PUBLISH_BATCH_BYTES):
-                self._publish_batch(batch)
-                batch, size = [], 0
-            batch.append(entry)
-            size += n
-        if batch:
+        sizes = [_entry_size(e) for e in entries]
+        for batch in chunked(
+            entries, sizes, max_items=PUBLISH_BATCH_MAX, max_bytes=PUBLISH_BATCH_BYTES
+        ):
             self._publish_batch(batch)
 
     def _publish_batch(self, batch: list[dict[str, Any]]) -> None:

@@ -41,6 +41,7 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
 from asyncinfer import clients, lifecycle
+from asyncinfer.chunks import chunked
 from asyncinfer.errors import InvalidRequest, TransitionRefused
 from asyncinfer.ids import is_job_id
 from asyncinfer.settings import Settings, get_settings
@@ -240,7 +241,7 @@ class JobStore:
             TransitionRefused: the job is not in ``from_status`` (or not at ``attempts``), or does
                 not exist; ``current`` holds the record as it is.
         """
-        return self._transition_one(
+        return self.apply(
             Transition(
                 job_id,
                 from_status=from_status if isinstance(from_status, str) else tuple(from_status),
@@ -270,7 +271,9 @@ class JobStore:
             pause *= 2
         raise AssertionError("unreachable")
 
-    def _transition_one(self, t: Transition) -> dict[str, Any]:
+    def apply(self, t: Transition) -> dict[str, Any]:
+        """:meth:`transition` for a :class:`Transition` already built: the new record, or
+        :class:`TransitionRefused` (with the current record) when its condition fails."""
         t.check()
         try:
             resp = self._update_item(
@@ -331,7 +334,7 @@ class JobStore:
                     break
             for n, t in todo:
                 try:
-                    self._transition_one(t)
+                    self.apply(t)
                 except TransitionRefused as exc:
                     # A call that failed may have committed before its answer was lost: a
                     # refusal by a record that already shows this very write is no refusal.
@@ -640,20 +643,9 @@ def _refused(t: Transition, current: dict[str, Any] | None) -> TransitionRefused
 
 
 def _transaction_chunks(items: list[T], sizes: list[int]) -> list[list[T]]:
-    """``items`` cut into runs of at most :data:`TRANSACT_MAX_ITEMS` whose ``sizes`` sum to at
-    most :data:`TRANSACT_BUDGET_BYTES` (an item over the budget goes alone)."""
-    chunks: list[list[T]] = []
-    cur: list[T] = []
-    total = 0
-    for item, size in zip(items, sizes, strict=True):
-        if cur and (len(cur) == TRANSACT_MAX_ITEMS or total + size > TRANSACT_BUDGET_BYTES):
-            chunks.append(cur)
-            cur, total = [], 0
-        cur.append(item)
-        total += size
-    if cur:
-        chunks.append(cur)
-    return chunks
+    """``items`` cut into TransactWriteItems calls (:data:`TRANSACT_MAX_ITEMS`,
+    :data:`TRANSACT_BUDGET_BYTES`)."""
+    return chunked(items, sizes, max_items=TRANSACT_MAX_ITEMS, max_bytes=TRANSACT_BUDGET_BYTES)
 
 
 def _encode_cursor(key: dict[str, Any]) -> str:

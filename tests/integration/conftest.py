@@ -98,15 +98,7 @@ def make_env(moto_endpoint: str, clean_env: pytest.MonkeyPatch) -> Callable[...,
         }
         base = Settings(**values)
         res = create_resources(base, ["echo"], prefix=f"it{next(_prefix)}")
-        settings = base.model_copy(
-            update={
-                "table_name": res.table,
-                "bucket": res.bucket,
-                "topic_arn": res.topic_arn,
-                "queue_urls": res.queues,
-                "models": list(res.queues),
-            }
-        )
+        settings = res.settings(base)
         env = {
             **res.env(),
             "AWS_ENDPOINT_URL": moto_endpoint,

@@ -35,15 +35,7 @@ def model_env(moto_endpoint: str, clean_env: pytest.MonkeyPatch) -> Callable[[st
             drain_seconds=2,
         )
         res = create_resources(base, [model], prefix=f"batch{time.monotonic_ns()}")
-        settings = base.model_copy(
-            update={
-                "table_name": res.table,
-                "bucket": res.bucket,
-                "topic_arn": res.topic_arn,
-                "queue_urls": res.queues,
-                "models": [model],
-            }
-        )
+        settings = res.settings(base)
         return Env(settings=settings, resources=res, env=res.env())
 
     return make

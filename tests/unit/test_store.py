@@ -13,22 +13,7 @@ from asyncinfer import store as store_module
 from asyncinfer.errors import TransitionRefused
 from asyncinfer.settings import Settings
 from asyncinfer.store import JobStore, Transition
-
-
-def new_job(store: JobStore, job_id: str = "job_01ARZ3NDEKTSV4RRFFQ69G5FAV") -> str:
-    store.create(
-        {
-            "job_id": job_id,
-            "tenant": "t",
-            "model": "echo",
-            "status": "queued",
-            "attempts": 0,
-            "created_at": "2026-11-30T00:00:00.000Z",
-            "expires_at": "2026-12-01T00:00:00.000Z",
-            "timeout_seconds": 900,
-        }
-    )
-    return job_id
+from tests.unit.helpers import count_calls, new_job
 
 
 def start(store: JobStore, job_id: str) -> dict:
@@ -134,17 +119,6 @@ def test_progress_writes_in_one_transaction_report_refused_jobs(settings: Settin
 
 
 # ---------------------------------------------------------------------- transitions in batches
-def count_calls(store: JobStore) -> Counter[str]:
-    """Counts the DynamoDB requests ``store`` makes from now on, by operation."""
-    calls: Counter[str] = Counter()
-
-    def hook(model: Any, **_: Any) -> None:
-        calls[model.name] += 1
-
-    store.ddb.meta.events.register("after-call.dynamodb", hook)
-    return calls
-
-
 def running(job_id: str, started_at: str = "2026-11-30T00:00:01.000Z") -> Transition:
     return Transition(
         job_id,
@@ -174,7 +148,7 @@ def test_a_batch_is_marked_running_in_one_call(settings: Settings) -> None:
     store = JobStore(settings)
     ids = [new_job(store, j) for j in IDS[:5]]
     before = {j: store.get(j) for j in ids}
-    calls = count_calls(store)
+    calls = count_calls(store.ddb)
     outcomes = store.transition_many([running(j) for j in ids])
     assert outcomes == [None] * 5
     assert calls == Counter({"TransactWriteItems": 1})
@@ -192,7 +166,7 @@ def test_terminal_records_of_a_batch_in_one_call_with_starts(settings: Settings)
     todo = [new_job(store, j) for j in IDS[3:6]]
     for j in done:
         start(store, j)
-    calls = count_calls(store)
+    calls = count_calls(store.ddb)
     outcomes = store.transition_many([succeeded(j) for j in done] + [running(j) for j in todo])
     assert outcomes == [None] * 6
     assert calls == Counter({"TransactWriteItems": 1})
@@ -206,7 +180,7 @@ def test_one_refused_item_is_reported_and_the_others_are_written(settings: Setti
     store = JobStore(settings)
     ids = [new_job(store, j) for j in IDS[:4]]
     store.transition(ids[2], from_status="queued", to_status="cancelled")
-    calls = count_calls(store)
+    calls = count_calls(store.ddb)
     outcomes = store.transition_many([running(j) for j in ids])
     assert calls == Counter({"TransactWriteItems": 2})
     assert [o is None for o in outcomes] == [True, True, False, True]
@@ -255,7 +229,7 @@ def test_transaction_limits_cut_calls(settings: Settings, monkeypatch: Any) -> N
     4 MB)."""
     store = JobStore(settings)
     ids = [new_job(store, f"job_01ARZ3NDEKTSV4RRFFQ69G{n:04d}") for n in range(150)]
-    calls = count_calls(store)
+    calls = count_calls(store.ddb)
     assert store.transition_many([running(j) for j in ids]) == [None] * 150
     assert calls == Counter({"TransactWriteItems": 2})
     monkeypatch.setattr(
@@ -271,7 +245,7 @@ def test_transaction_limits_cut_calls(settings: Settings, monkeypatch: Any) -> N
 def test_one_item_is_written_alone(settings: Settings) -> None:
     store = JobStore(settings)
     jid = new_job(store, IDS[0])
-    calls = count_calls(store)
+    calls = count_calls(store.ddb)
     assert store.transition_many([running(jid)]) == [None]
     assert calls == Counter({"UpdateItem": 1})
 

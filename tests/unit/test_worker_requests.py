@@ -17,23 +17,13 @@ from asyncinfer.store import JobStore
 from asyncinfer.worker import runner
 from asyncinfer.worker.inflight import Held
 from asyncinfer.worker.runner import Worker, quiet_webhook
+from tests.unit.helpers import count_calls, new_job
 
 IDS = [f"job_01ARZ3NDEKTSV4RRFFQ69G5FA{c}" for c in "ABCDEF"]
 
 
 def running_job(store: JobStore, job_id: str) -> None:
-    store.create(
-        {
-            "job_id": job_id,
-            "tenant": "t",
-            "model": "echo",
-            "status": "queued",
-            "attempts": 0,
-            "created_at": "2026-11-30T00:00:00.000Z",
-            "expires_at": "2099-12-01T00:00:00.000Z",
-            "timeout_seconds": 900,
-        }
-    )
+    new_job(store, job_id, expires_at="2099-12-01T00:00:00.000Z")
     store.transition(job_id, from_status="queued", to_status="running", increment_attempts=True)
 
 
@@ -43,14 +33,6 @@ def held(job_id: str, *, age: float, progress: int | None = None) -> Held:
     if progress is not None:
         h.progress = (progress, {"text": "x" * progress})
     return h
-
-
-def count_calls(client: Any) -> Counter[str]:
-    calls: Counter[str] = Counter()
-    client.meta.events.register(
-        "after-call", lambda model, **_: calls.update([model.name]), unique_id="count-test"
-    )
-    return calls
 
 
 def test_progress_and_cancel_checks_skip_jobs_that_just_started(settings: Settings) -> None:

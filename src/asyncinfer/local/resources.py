@@ -30,6 +30,24 @@ class Resources:
     webhook_queue: str = ""
     webhook_dlq: str = ""
 
+    @property
+    def models(self) -> list[str]:
+        """The model ids with queues (the keys of ``queues`` that name no priority class)."""
+        return [m for m in self.queues if "#" not in m]
+
+    def settings(self, base: Settings) -> Settings:
+        """``base`` pointed at these resources (table, bucket, topic, queues, models): what a
+        process given :meth:`env` would read, for code that builds its settings in process."""
+        return base.model_copy(
+            update={
+                "table_name": self.table,
+                "bucket": self.bucket,
+                "topic_arn": self.topic_arn,
+                "queue_urls": self.queues,
+                "models": self.models,
+            }
+        )
+
     def env(self) -> dict[str, str]:
         """The environment variables that point components at these resources."""
         return {
@@ -37,7 +55,7 @@ class Resources:
             "ASYNCINFER_BUCKET": self.bucket,
             "ASYNCINFER_TOPIC_ARN": self.topic_arn,
             "ASYNCINFER_QUEUE_URLS": json.dumps(self.queues),
-            "ASYNCINFER_MODELS": ",".join(m for m in self.queues if "#" not in m),
+            "ASYNCINFER_MODELS": ",".join(self.models),
             "ASYNCINFER_WEBHOOK_QUEUE_URL": self.webhook_queue,
             "ASYNCINFER_WEBHOOK_DLQ_URL": self.webhook_dlq,
         }

@@ -785,14 +785,7 @@ class Worker:
         for f in pending:
             if f.alone:
                 try:
-                    new = self.store.transition(
-                        f.transition.job_id,
-                        from_status=f.transition.from_status,
-                        to_status=f.transition.to_status,
-                        attempts=f.transition.attempts,
-                        set_fields=f.transition.set_fields,
-                        remove_fields=f.transition.remove_fields,
-                    )
+                    new = self.store.apply(f.transition)
                 except Exception as exc:  # decided per job below
                     self._finished(f, exc)
                 else:
