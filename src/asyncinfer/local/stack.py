@@ -30,6 +30,7 @@ import httpx
 
 from asyncinfer import clients, logs
 from asyncinfer.local.autoscaler import LocalAutoscaler, sqs_queue_counts
+from asyncinfer.local.emulator import start_emulator
 from asyncinfer.local.event_source import pump_once
 from asyncinfer.local.gateway import LocalGateway
 from asyncinfer.local.lambda_runtime import LambdaPool
@@ -114,12 +115,7 @@ class LocalStack:
         opts.state_dir.mkdir(parents=True, exist_ok=True)
         moto_port = free_port()
         endpoint = f"http://127.0.0.1:{moto_port}"
-        self.moto = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
-            stdout=subprocess.DEVNULL,
-            stderr=(opts.state_dir / "moto.log").open("wb"),
-            start_new_session=True,
-        )
+        self.moto = start_emulator(moto_port, stderr=(opts.state_dir / "moto.log").open("wb"))
         _wait_http(endpoint + "/moto-api/", 30)
         base_env = {
             "AWS_ENDPOINT_URL": endpoint,

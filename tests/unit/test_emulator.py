@@ -1,0 +1,89 @@
+"""The local stack's emulator patch (:mod:`asyncinfer.local.emulator`): moto's TransactWriteItems
+copies each table once per call instead of once per item, and behaves as before: a cancelled
+transaction leaves every table as it was, a successful one applies every item."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
+
+from asyncinfer.local.emulator import patch_transaction_copies
+
+
+@pytest.fixture
+def ddb() -> Iterator[Any]:
+    assert patch_transaction_copies()
+    assert patch_transaction_copies()  # idempotent
+    with mock_aws():
+        client = boto3.client("dynamodb", region_name="us-east-1")
+        for name in ("jobs", "other"):
+            client.create_table(
+                TableName=name,
+                KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+                AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+                BillingMode="PAY_PER_REQUEST",
+            )
+            for i in range(20):
+                client.put_item(
+                    TableName=name, Item={"id": {"S": f"j{i}"}, "status": {"S": "running"}}
+                )
+        yield client
+
+
+def _update(table: str, i: int, status: str = "running") -> dict[str, Any]:
+    return {
+        "Update": {
+            "TableName": table,
+            "Key": {"id": {"S": f"j{i}"}},
+            "UpdateExpression": "SET progress_tokens = :n",
+            "ConditionExpression": "#s = :s",
+            "ExpressionAttributeNames": {"#s": "status"},
+            "ExpressionAttributeValues": {":n": {"N": str(i)}, ":s": {"S": status}},
+        }
+    }
+
+
+def _progress(ddb: Any, table: str) -> dict[str, str | None]:
+    items = ddb.scan(TableName=table)["Items"]
+    return {it["id"]["S"]: it.get("progress_tokens", {}).get("N") for it in items}
+
+
+def test_one_copy_per_table_per_call(ddb: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from moto.dynamodb.models.table import Table
+
+    copies: list[str] = []
+    real = copy.deepcopy
+
+    def counting(obj: Any, memo: Any = None) -> Any:
+        if isinstance(obj, Table):
+            copies.append(obj.name)
+        return real(obj, memo)
+
+    monkeypatch.setattr(copy, "deepcopy", counting)
+    ddb.transact_write_items(
+        TransactItems=[_update("jobs", i) for i in range(10)]
+        + [_update("other", i) for i in range(5)]
+    )
+    assert sorted(copies) == ["jobs", "other"]
+    assert _progress(ddb, "jobs") == {f"j{i}": (str(i) if i < 10 else None) for i in range(20)}
+
+
+def test_cancelled_transaction_rolls_back_every_table(ddb: Any) -> None:
+    before = (_progress(ddb, "jobs"), _progress(ddb, "other"))
+    items = [_update("jobs", i) for i in range(8)] + [_update("other", 0)]
+    items.append(_update("jobs", 9, status="succeeded"))  # its condition fails
+    with pytest.raises(ClientError) as err:
+        ddb.transact_write_items(TransactItems=items)
+    assert err.value.response["Error"]["Code"] == "TransactionCanceledException"
+    reasons = [r["Code"] for r in err.value.response["CancellationReasons"]]
+    assert reasons == ["None"] * 9 + ["ConditionalCheckFailed"]
+    assert (_progress(ddb, "jobs"), _progress(ddb, "other")) == before
+    # The next call works on the restored tables as usual.
+    ddb.transact_write_items(TransactItems=[_update("jobs", 1)])
+    assert _progress(ddb, "jobs")["j1"] == "1"
