@@ -30,6 +30,7 @@ def _local(args: argparse.Namespace) -> int:
             min_workers=args.min_workers,
             idle_seconds=args.idle_seconds,
             backlog_per_worker=args.backlog_per_worker,
+            warm_workers=not args.cold_workers,
         )
     )
 
@@ -79,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=1.0,
         help="target backlog per worker the autoscaler scales out on (1)",
+    )
+    lp.add_argument(
+        "--cold-workers",
+        action="store_true",
+        help="start each worker as a new Python process (as ECS does) instead of forking it "
+        "from the warm fork server",
     )
     lp.add_argument("--state-dir", default=".asyncinfer", help="where local.json goes")
     lp.add_argument("--extra-key", action="append", metavar="NAME", help="another API key")

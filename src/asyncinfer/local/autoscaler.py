@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import math
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncinfer.local.warm import WorkerProcess
 from asyncinfer.scaling.policy import Decision, Observation, ScalingConfig, decide, pick_scale_in
 
 log = logging.getLogger("asyncinfer.local")
@@ -33,7 +33,7 @@ log = logging.getLogger("asyncinfer.local")
 #: Consecutive ticks that must want fewer workers before any is stopped.
 SCALE_IN_TICKS = 2
 #: spawn(model, busy_file) -> a started worker process.
-Spawn = Callable[[str, Path], "subprocess.Popen[bytes]"]
+Spawn = Callable[[str, Path], WorkerProcess]
 #: queue_counts(model) -> (visible, in_flight).
 QueueCounts = Callable[[str], tuple[int, int]]
 
@@ -43,7 +43,7 @@ class LocalWorker:
     """One worker process and its busy file."""
 
     model: str
-    proc: subprocess.Popen[bytes]
+    proc: WorkerProcess
     busy_file: Path
     started: float = field(default_factory=time.monotonic)
 
@@ -126,7 +126,7 @@ class LocalAutoscaler:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 
-    def processes(self) -> list[subprocess.Popen[bytes]]:
+    def processes(self) -> list[WorkerProcess]:
         """Every worker process started and not yet reaped (running and draining)."""
         with self._lock:
             return [w.proc for ws in self.workers.values() for w in ws] + [

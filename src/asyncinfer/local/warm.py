@@ -1,0 +1,228 @@
+"""Warm worker starts for the local stack: workers forked from a process that has already
+imported torch, transformers' model code and the worker.
+
+A worker started as a new interpreter (``python -m asyncinfer.worker``, as the ECS container
+does) spends ~3.5 s of its start importing torch and transformers' llama modeling before it loads
+the cached checkpoint. The local stack starts its workers from zero whenever work arrives, so it
+starts them instead from a fork server (the standard library's ``multiprocessing`` ``forkserver``
+start method, with :data:`PRELOAD` imported once, when the stack starts): each worker is a fork
+of that process, loads its model and is ready in about a second. This is the local stack's
+analogue of a warm pool or of Modal's memory snapshots; on AWS a new ECS task still starts cold.
+
+The fork server imports modules only: it runs no torch operation, so no OpenMP thread pool
+exists to be copied into a fork, and it holds no model, no client and no socket. Each worker
+gets its own session (as ``subprocess.Popen(start_new_session=True)`` gives: Ctrl-C reaches the
+stack, which stops the workers in order) and exactly the environment the stack gives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing
+import multiprocessing.context
+import multiprocessing.forkserver
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+#: What the fork server imports once: every module a worker of the local stack's models would
+#: import before it loads a checkpoint (a name that does not import is skipped).
+PRELOAD = [
+    "torch",
+    "transformers",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.bert.modeling_bert",
+    "accelerate",
+    "safetensors.torch",
+    "boto3",
+    "asyncinfer.worker.runner",
+    "asyncinfer.models.smollm2",
+    "asyncinfer.models.minilm",
+]
+
+
+class WorkerProcess(Protocol):
+    """What the local stack needs of a worker process: the part of ``subprocess.Popen`` it uses."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+class ForkedWorker:
+    """A worker forked from the fork server, with ``subprocess.Popen``'s interface
+    (:class:`WorkerProcess`). ``returncode`` is the exit status, or ``-signal`` for a worker
+    killed by a signal, as ``Popen`` reports it.
+
+    The fork server reaps the worker and passes its status on. If the fork server itself is
+    gone (killed), ``multiprocessing`` reads no status and reports 255 while the worker may still
+    run: the worker then counts as running for as long as its process exists (``/proc``, else
+    ``kill(pid, 0)``), and as exited with 255 after.
+    """
+
+    def __init__(self, process: multiprocessing.process.BaseProcess) -> None:
+        self._process = process
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.poll()
+
+    def poll(self) -> int | None:
+        """The exit status, or ``None`` while the worker runs."""
+        if self._process.is_alive():
+            return None
+        code = self._process.exitcode
+        if code == _STATUS_LOST and _exists(self._process.pid):
+            return None
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to the worker (nothing if it has exited)."""
+        if self.poll() is None and self._process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._process.pid, sig)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the worker to exit; returns its status. Raises
+        ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            code = self.poll()
+            if code is not None:
+                return code
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0)
+            self._process.join(0.05)
+            if not self._process.is_alive():
+                time.sleep(0.05)  # orphaned by a lost fork server: poll its process
+
+    def kill(self) -> None:
+        """SIGKILL the worker."""
+        self.send_signal(signal.SIGKILL)
+
+
+#: What ``multiprocessing`` reports for a fork whose status the fork server could not pass on.
+_STATUS_LOST = 255
+
+
+def _exists(pid: int | None) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    if pid is None:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+#: What a forked worker runs: ``"module:function"``, called with the worker's argv; it returns
+#: the exit status.
+WORKER_ENTRY = "asyncinfer.worker.__main__:main"
+
+
+def _run_worker(entry: str, argv: list[str], env: dict[str, str]) -> None:
+    """The forked worker's body: its own session, line-buffered output, exactly ``env`` as its
+    environment, then ``entry(argv)``; the process exits with what it returns."""
+    os.setsid()
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
+    os.environ.clear()
+    os.environ.update(env)
+    module, _, function = entry.partition(":")
+    main = getattr(importlib.import_module(module), function)
+    code = main(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+def _nothing() -> None:
+    """The body of :meth:`WarmStarter.wait_ready`'s process."""
+
+
+class WarmStarter:
+    """Starts workers as forks of a fork server that has imported :data:`PRELOAD`.
+
+    ``start()`` launches the fork server (it imports in the background: the first worker asked
+    for meanwhile waits for those imports, no longer); ``spawn(argv, env)`` forks a worker that
+    runs ``python -m asyncinfer.worker`` with the arguments ``argv`` and exactly the environment
+    ``env``. The fork server exits when the process that started it does.
+
+    As with any ``multiprocessing`` program, the script that starts the stack must guard its
+    entry with ``if __name__ == "__main__":`` (each fork imports it as ``__mp_main__``).
+
+    Args:
+        preload: modules the fork server imports (default :data:`PRELOAD`). The fork server is
+            one per process: the first ``start`` or ``spawn`` fixes what it imported.
+
+    Raises:
+        ValueError: on a platform without the ``forkserver`` start method (not POSIX).
+    """
+
+    def __init__(self, preload: list[str] | None = None) -> None:
+        self._ctx = multiprocessing.get_context("forkserver")
+        self._preload = list(PRELOAD if preload is None else preload)
+
+    def start(self) -> None:
+        """Launch the fork server now (it is otherwise launched by the first ``spawn``)."""
+        self._ctx.set_forkserver_preload(self._preload)
+        multiprocessing.forkserver.ensure_running()
+
+    def wait_ready(self) -> None:
+        """Block until the fork server has finished its imports (it forks a process that does
+        nothing and waits for it)."""
+        self.start()
+        process = self._ctx.Process(target=_nothing, name="asyncinfer-warm-check", daemon=True)
+        process.start()
+        process.join()
+
+    def spawn(
+        self, argv: list[str], env: Mapping[str, str], *, entry: str = WORKER_ENTRY
+    ) -> ForkedWorker:
+        """Fork a worker: ``entry`` (default: ``asyncinfer.worker``'s ``main``) called with
+        ``argv``, under exactly the environment ``env``."""
+        self._ctx.set_forkserver_preload(self._preload)
+        process = self._ctx.Process(
+            target=_run_worker,
+            args=(entry, list(argv), dict(env)),
+            name="asyncinfer-worker",
+            daemon=True,  # stopped if the stack exits without stopping it
+        )
+        process.start()
+        return ForkedWorker(process)
+
+
+def forkserver_available() -> bool:
+    """Whether this platform has the ``forkserver`` start method."""
+    return "forkserver" in multiprocessing.get_all_start_methods()
