@@ -7,22 +7,25 @@ fixed seed) run four ways:
 a. a Celery worker with a Redis broker, as the seeds describe it: one job per task, prefetch 1,
    acks late, ``--pool solo`` (Redis from Debian's ``redis-server``, installed with apt-get if
    missing; Celery installed into the venv with pip if missing; both on 127.0.0.1, stopped after);
-b. our worker on a moto server (the local stack's emulator), batching off (max batch 1);
+b. our worker on a moto server (the local stack's emulator), batching off (max batch 1), the jobs
+   submitted from a process of their own (``bench/submitter.py``), as the API Lambda's are;
 c. our worker, continuous batching at the model's ``max_batch_size`` (or ``--batch``);
 d. the model alone, offline, through the same batching engine at the batch size c used.
 
 Each run starts with the model loaded; its window runs from the first submit to the last job's
 terminal state. AWS requests per job are counted with a botocore ``after-call`` hook on every
 client of the API path and the worker (idle ReceiveMessage polls excluded). The time a worker
-process takes to be ready (``worker ready`` logged) with the cached checkpoint is measured too.
+takes to be ready (``worker ready`` logged) with the cached checkpoint is measured too: as a new
+process (as an ECS task starts) and as a fork of the local stack's warm fork server.
 
-    .venv/bin/python bench/worker_throughput.py              # everything (15-30 min on 2 cores)
+    .venv/bin/python bench/worker_throughput.py              # everything (~15 min on 2 cores)
     .venv/bin/python bench/worker_throughput.py --jobs 8 --max-new-tokens 24 --skip a
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
@@ -221,11 +224,9 @@ class Stack:
 
         # A process of its own, as on the local stack (not a thread sharing the worker's GIL).
         self.port = free_port()
-        self.server = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        from asyncinfer.local.emulator import start_emulator
+
+        self.server = start_emulator(self.port)
         self.endpoint = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 30
         while True:
@@ -268,9 +269,7 @@ class Stack:
 def run_worker(
     stack: Stack, handler: Any, jobs: list[dict[str, Any]], batch: int, name: str
 ) -> RunResult:
-    from asyncinfer.api.schemas import JobRequest
     from asyncinfer.errors import WorkerStopping
-    from asyncinfer.jobs import JobService
     from asyncinfer.worker.runner import Worker
 
     settings = stack.settings()
@@ -291,16 +290,34 @@ def run_worker(
     worker = TimedWorker(settings, MODEL, handler=handler, max_batch_size=batch)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
+    # The API side in a process of its own, as in AWS (the API Lambda) and on the local stack.
+    submitter = subprocess.Popen(
+        [sys.executable, "-m", "bench.submitter", MODEL],
+        env={**os.environ, **stack.env, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert submitter.stdin is not None and submitter.stdout is not None
+    submitter.stdout.readline()  # ready
     time.sleep(0.5)  # pollers up
-    service = JobService(settings)
     stack.counter.reset()
     cpu0 = stack.cpu_seconds()
     t0 = time.monotonic()
+    submitter.stdin.write(json.dumps(jobs) + "\n")
+    submitter.stdin.flush()
     submitted: dict[str, float] = {}
-    for inp in jobs:
-        ts = time.monotonic()
-        job, _ = service.submit("bench", JobRequest(model=MODEL, input=inp))
-        submitted[str(job["id"])] = ts
+    api_counts: dict[str, int] = {}
+    for line in submitter.stdout:
+        msg = json.loads(line)
+        if "counts" in msg:
+            api_counts = msg["counts"]
+            break
+        submitted[msg["id"]] = msg["ts"]
+    submitter.wait(timeout=60)
+    if len(submitted) != len(jobs):
+        raise RuntimeError(f"{name}: the submitter stopped after {len(submitted)} jobs")
     if not all_done.wait(timeout=3600):
         raise RuntimeError(f"{name}: only {len(done)} of {len(jobs)} jobs finished")
     end = max(t for t, _ in done.values())
@@ -310,6 +327,7 @@ def run_worker(
     worker._flush()
     worker._flush_deletes()
     counts = stack.counter.snapshot()
+    counts.update(api_counts)
     print(f"{name}: the emulator (moto server) used {emulator_cpu:.1f} CPU s of the two cores")
     worker.request_stop()
     thread.join(timeout=60)
@@ -327,7 +345,8 @@ def run_worker(
 
 
 def measure_ready(stack: Stack, batch: int) -> list[float]:
-    """Seconds from ``python -m asyncinfer.worker`` starting to its ``worker ready`` line."""
+    """Seconds from ``python -m asyncinfer.worker`` starting (a cold process, as the ECS
+    container starts it) to its ``worker ready`` line."""
     stack.settings()
     times = []
     for _ in range(2):
@@ -350,6 +369,64 @@ def measure_ready(stack: Stack, batch: int) -> list[float]:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+    return times
+
+
+#: Runs a warm fork server (asyncinfer.local.warm, as the local stack does) in a process whose
+#: stderr the bench reads: after the fork server's imports, for each line on stdin it prints
+#: "spawn <time.monotonic()>", forks a worker, and on the next line stops it.
+_WARM_PROBE = """
+import json, signal, sys, time
+from asyncinfer.local.warm import WarmStarter
+argv, env = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+starter = WarmStarter()
+starter.wait_ready()
+print("warm", file=sys.stderr, flush=True)
+while sys.stdin.readline():
+    print(f"spawn {time.monotonic()}", file=sys.stderr, flush=True)
+    proc = starter.spawn(argv, env)
+    sys.stdin.readline()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(30)
+"""
+
+
+def measure_ready_warm(stack: Stack, batch: int) -> list[float]:
+    """Seconds from the local stack's fork server being asked for a worker
+    (:class:`asyncinfer.local.warm.WarmStarter`) to that worker's ``worker ready`` line."""
+    stack.settings()
+    env = {**os.environ, **stack.env, "ASYNCINFER_MAX_BATCH_SIZE": str(batch)}
+    probe = subprocess.Popen(
+        [sys.executable, "-c", _WARM_PROBE, json.dumps(["--model", MODEL]), json.dumps(env)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert probe.stdin is not None and probe.stderr is not None
+    times: list[float] = []
+    try:
+        for line in probe.stderr:
+            if line.startswith("warm"):
+                break
+        for _ in range(2):
+            probe.stdin.write("\n")
+            probe.stdin.flush()
+            t0 = None
+            for line in probe.stderr:
+                if line.startswith("spawn "):
+                    t0 = float(line.split()[1])
+                elif "worker ready" in line and t0 is not None:
+                    times.append(time.monotonic() - t0)
+                    break
+            probe.stdin.write("\n")
+            probe.stdin.flush()
+        probe.stdin.close()
+        probe.wait(timeout=60)
+    finally:
+        if probe.poll() is None:
+            probe.kill()
     return times
 
 
@@ -452,7 +529,12 @@ def main(argv: list[str] | None = None) -> int:
     stack = Stack()
     try:
         ready = measure_ready(stack, batch)
-        print(f"worker ready after (s): {', '.join(f'{t:.2f}' for t in ready)}", flush=True)
+        warm = measure_ready_warm(stack, batch)
+        print(
+            f"worker ready after (s): cold process {', '.join(f'{t:.2f}' for t in ready)}; "
+            f"forked from the local stack's warm fork server {', '.join(f'{t:.2f}' for t in warm)}",
+            flush=True,
+        )
         handler = MODELS[MODEL].load_handler()
         handler.load()
         if "a" not in args.skip:
@@ -494,7 +576,9 @@ def main(argv: list[str] | None = None) -> int:
     if c and "d" in runs:
         targets.append(f"c >= 85% of d: {c.jobs_per_s / runs['d'].jobs_per_s >= 0.85}")
     if ready:
-        targets.append(f"worker ready within 3 s: {min(ready) <= 3.0}")
+        targets.append(f"worker ready within 3 s: cold process {min(ready) <= 3.0}")
+    if warm:
+        targets.append(f"forked from the warm fork server {max(warm) <= 3.0}")
     if c and c.aws_per_job is not None:
         targets.append(f"AWS requests/job <= 7: {c.aws_per_job <= 7}")
     print("targets: " + "; ".join(targets))
