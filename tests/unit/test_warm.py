@@ -30,6 +30,7 @@ def report(argv: list[str]) -> int:
                 "sid": os.getsid(0),
                 "pid": os.getpid(),
                 "modules": sorted(m for m in ("json", "torch") if m in sys.modules),
+                "sigint_default": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
             }
         )
     )
@@ -78,6 +79,30 @@ def test_fork_gets_exact_env_own_session_and_exit_status(
     assert got["sid"] == got["pid"] == proc.pid  # its own session: Ctrl-C goes to the stack only
     assert got["sid"] != os.getsid(0)
     assert got["modules"] == ["json"]  # preloaded; nothing the fork server was not asked for
+    assert got["sigint_default"]  # the fork server ignores SIGINT; its forks do not
+
+
+def test_fork_server_ignores_ctrl_c_during_its_imports(tmp_path: Path) -> None:
+    """A Ctrl-C in the stack's terminal reaches the fork server too (same process group), also
+    while it is still importing: it goes on and serves forks (the stack stops on Ctrl-C by
+    itself)."""
+    import multiprocessing.forkserver as fs
+
+    old = fs._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    if old:
+        os.kill(old, signal.SIGKILL)  # a new fork server, with a slow import to interrupt
+        time.sleep(0.3)
+    slow = WarmStarter(preload=["json", "tests.unit.slow_import"])
+    slow.start()
+    server_pid = fs._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    assert server_pid and server_pid != old
+    time.sleep(0.3)  # inside the one-second import
+    os.kill(server_pid, signal.SIGINT)
+    out = tmp_path / "after.json"
+    proc = slow.spawn([str(out)], {}, entry=f"{HERE}:report")
+    assert proc.wait(timeout=30) == 3
+    assert fs._forkserver._forkserver_pid == server_pid  # type: ignore[attr-defined]
+    assert json.loads(out.read_text())["sigint_default"]
 
 
 def test_sigterm_wait_timeout_and_kill(starter: WarmStarter, tmp_path: Path) -> None:

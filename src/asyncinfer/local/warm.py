@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -153,6 +154,7 @@ def _run_worker(entry: str, argv: list[str], env: dict[str, str]) -> None:
     """The forked worker's body: its own session, line-buffered output, exactly ``env`` as its
     environment, then ``entry(argv)``; the process exits with what it returns."""
     os.setsid()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
@@ -195,9 +197,21 @@ class WarmStarter:
         self._preload = list(PRELOAD if preload is None else preload)
 
     def start(self) -> None:
-        """Launch the fork server now (it is otherwise launched by the first ``spawn``)."""
+        """Launch the fork server now (it is otherwise launched by the first ``spawn``).
+
+        It is launched ignoring SIGINT: it shares the terminal's process group with the stack,
+        and a Ctrl-C during its imports would otherwise end it with a traceback (the stack stops
+        on Ctrl-C by itself; the fork server exits when the stack does). Its forks restore the
+        default SIGINT handler."""
         self._ctx.set_forkserver_preload(self._preload)
-        multiprocessing.forkserver.ensure_running()
+        if threading.current_thread() is not threading.main_thread():
+            multiprocessing.forkserver.ensure_running()
+            return
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited across exec
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def wait_ready(self) -> None:
         """Block until the fork server has finished its imports (it forks a process that does
@@ -212,7 +226,7 @@ class WarmStarter:
     ) -> ForkedWorker:
         """Fork a worker: ``entry`` (default: ``asyncinfer.worker``'s ``main``) called with
         ``argv``, under exactly the environment ``env``."""
-        self._ctx.set_forkserver_preload(self._preload)
+        self.start()  # (re)launches the fork server if it is not running
         process = self._ctx.Process(
             target=_run_worker,
             args=(entry, list(argv), dict(env)),
