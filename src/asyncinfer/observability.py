@@ -4,15 +4,24 @@ Each Lambda module calls :func:`powertools` once at import and wraps its handler
 :func:`instrument`: structured JSON logs with the Lambda context (the job id becomes the
 correlation id where a handler knows it), an X-Ray trace of the invocation, and EMF metrics in
 namespace ``asyncinfer`` flushed at the end of the invocation. On the local stack the tracer is
-off (``POWERTOOLS_TRACE_DISABLED``) and metrics are not printed (``POWERTOOLS_METRICS_DISABLED``).
+off (``POWERTOOLS_TRACE_DISABLED``) and metrics are not printed (``POWERTOOLS_METRICS_DISABLED``;
+:func:`single` honours it too, which Powertools' ``single_metric`` does not).
+
+Most invocations (a GET, a cancel) add no metric; Powertools then warns "No application metrics
+to publish" at every flush. That warning is expected here and filtered out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit, single_metric
+from aws_lambda_powertools.metrics.functions import is_metrics_disabled
+
+warnings.filterwarnings("ignore", message="No application metrics to publish", category=UserWarning)
 
 NAMESPACE = "asyncinfer"
 
@@ -45,3 +54,21 @@ def instrument(
         )
 
     return wrap
+
+
+def single(
+    name: str,
+    *,
+    value: float = 1,
+    unit: MetricUnit = MetricUnit.Count,
+    dimensions: Mapping[str, str],
+) -> None:
+    """Print one EMF metric now, with its own ``dimensions`` (Powertools' ``single_metric``, so
+    that they do not apply to the invocation's other metrics), in namespace ``asyncinfer``;
+    nothing when metrics are disabled (``POWERTOOLS_METRICS_DISABLED``, as on the local
+    stack)."""
+    if is_metrics_disabled():
+        return
+    with single_metric(name=name, unit=unit, value=value, namespace=NAMESPACE) as metric:
+        for key, val in dimensions.items():
+            metric.add_dimension(name=key, value=val)

@@ -24,7 +24,6 @@ from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
-from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from ulid import ULID
 
@@ -33,7 +32,7 @@ from asyncinfer.api.schemas import ErrorBody, JobList, JobRequest, JobView, Uplo
 from asyncinfer.errors import ApiError, InvalidJson, InvalidRequest, NotFound, PayloadTooLarge
 from asyncinfer.jobs import JobService
 from asyncinfer.lifecycle import STATUSES
-from asyncinfer.observability import NAMESPACE, instrument, powertools
+from asyncinfer.observability import instrument, powertools, single
 from asyncinfer.settings import get_settings
 from asyncinfer.timeutil import iso, now
 from asyncinfer.webhooks.secrets import SecretStore, WebhookSecretView
@@ -111,10 +110,7 @@ def submit_job(body: Annotated[JobRequest, Body()]) -> Response[JobView]:
     job, created = service().submit(tenant(), body, idempotency_key=key)
     logger.set_correlation_id(job["id"])
     if created:
-        with single_metric(
-            name="JobsSubmitted", unit=MetricUnit.Count, value=1, namespace=NAMESPACE
-        ) as metric:
-            metric.add_dimension(name="Model", value=body.model)
+        single("JobsSubmitted", dimensions={"Model": body.model})
     return json_response(202 if created else 200, job, {"Location": job["urls"]["get"]})
 
 
