@@ -1,6 +1,7 @@
-"""The local stack's emulator patch (:mod:`asyncinfer.local.emulator`): moto's TransactWriteItems
-copies each table once per call instead of once per item, and behaves as before: a cancelled
-transaction leaves every table as it was, a successful one applies every item."""
+"""The local stack's emulator patches (:mod:`asyncinfer.local.emulator`): moto's TransactWriteItems
+copies each table once per call instead of once per item, and behaves as before (a cancelled
+transaction leaves every table as it was, a successful one applies every item). The item lock's
+test runs against the emulator's server: tests/integration/test_emulator_server.py."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from asyncinfer.local.emulator import patch_transaction_copies
+from asyncinfer.local.emulator import patch_dynamodb
 
 
 @pytest.fixture
 def ddb() -> Iterator[Any]:
-    assert patch_transaction_copies()
-    assert patch_transaction_copies()  # idempotent
+    assert patch_dynamodb()
+    assert patch_dynamodb()  # idempotent
     with mock_aws():
         client = boto3.client("dynamodb", region_name="us-east-1")
         for name in ("jobs", "other"):

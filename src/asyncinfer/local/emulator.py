@@ -1,10 +1,19 @@
 """The local stack's AWS emulator: a moto server in a process of its own on 127.0.0.1.
 
-``python -m asyncinfer.local.emulator -H 127.0.0.1 -p PORT`` is ``python -m moto.server`` with one
-change, for speed only. moto's ``TransactWriteItems`` keeps a deep copy of each table it touches
+``python -m asyncinfer.local.emulator -H 127.0.0.1 -p PORT`` is ``python -m moto.server`` with two
+changes to its DynamoDB backend (:func:`patch_dynamodb`).
+
+**Item operations one at a time.** moto server answers each request in a thread of its own, and
+its DynamoDB backend has no lock: a ``TransactWriteItems`` that is cancelled restores a copy of
+the whole table taken before it began, wiping what other requests wrote meanwhile (an
+acknowledged PutItem, a job's cancel request), or fails with "dictionary changed size during
+iteration" (HTTP 500). DynamoDB isolates both. One re-entrant lock now serialises the backend's
+item and transaction operations (:data:`LOCKED`); the emulator was one interpreter anyway.
+
+**One copy per table.** moto's ``TransactWriteItems`` keeps a deep copy of each table it touches
 for its rollback, but takes that copy once per *item* of the call, not once per table: a 64-item
 call on a table of 64 jobs copies the table 64 times (about 0.2 s of CPU per call, measured with
-moto 5.2.5), and the worker's progress writes are such calls, every second. On the local stack
+moto 5.2.5), and the worker's progress writes are such calls, every two seconds. On the local stack
 the emulator shares the workers' cores, so that time came out of decoding.
 
 :func:`patch_transaction_copies` makes the copies of one table within one call the same copy.
@@ -42,6 +51,56 @@ class _CopyOncePerCall:
         if id(obj) not in copies:
             copies[id(obj)] = copy.deepcopy(obj, memo)
         return copies[id(obj)]
+
+
+#: The DynamoDB backend's operations that read or write items, serialised by one lock.
+LOCKED = (
+    "put_item",
+    "get_item",
+    "query",
+    "scan",
+    "update_item",
+    "delete_item",
+    "transact_write_items",
+    "transact_get_items",
+    "batch_get_item",
+    "batch_write_item",
+    "execute_statement",
+    "execute_transaction",
+    "batch_execute_statement",
+)
+_backend_lock = threading.RLock()
+
+
+def patch_dynamodb() -> bool:
+    """Both changes of the module docstring; returns whether both applied. Idempotent."""
+    return patch_transaction_copies() and patch_item_lock()
+
+
+def patch_item_lock() -> bool:
+    """Serialise the DynamoDB backend's :data:`LOCKED` operations with one re-entrant lock.
+    Returns whether it applied (moto's backend class found); idempotent."""
+    try:
+        from moto.dynamodb import models
+    except ImportError:
+        return False
+    backend = getattr(models, "DynamoDBBackend", None)
+    if backend is None:
+        return False
+    for name in LOCKED:
+        method = getattr(backend, name, None)
+        if method is None or getattr(method, "_asyncinfer_locked", False):
+            continue
+        backend_method: Any = method
+
+        def locked(self: Any, *args: Any, __m: Any = backend_method, **kwargs: Any) -> Any:
+            with _backend_lock:
+                return __m(self, *args, **kwargs)
+
+        locked._asyncinfer_locked = True  # type: ignore[attr-defined]
+        locked.__name__ = name
+        setattr(backend, name, locked)
+    return True
 
 
 def patch_transaction_copies() -> bool:
@@ -83,10 +142,10 @@ def start_emulator(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Patch moto, then run ``moto.server.main`` with ``argv``."""
+    """Patch moto (:func:`patch_dynamodb`), then run ``moto.server.main`` with ``argv``."""
     from moto import server
 
-    patch_transaction_copies()
+    patch_dynamodb()
     server.main(argv)
 
 
