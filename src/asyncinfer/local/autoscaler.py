@@ -194,6 +194,12 @@ class LocalAutoscaler:
         busy_file = self.busy_dir / f"{model}-{self._seq}.busy"
         busy_file.write_text("0")
         proc = self.spawn(model, busy_file)
+        if self.stop_event.is_set():
+            # The stack stopped while this spawn waited (a fork server still importing): the
+            # stack no longer knows of this worker, so it is stopped here.
+            log.info("worker started after stop; stopping it: pid=%s", proc.pid)
+            proc.send_signal(signal.SIGTERM)
+            return
         with self._lock:
             self.workers[model].append(LocalWorker(model=model, proc=proc, busy_file=busy_file))
 

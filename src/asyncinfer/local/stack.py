@@ -122,6 +122,9 @@ class LocalStack:
         moto_port = free_port()
         endpoint = f"http://127.0.0.1:{moto_port}"
         self.moto = start_emulator(moto_port, stderr=(opts.state_dir / "moto.log").open("wb"))
+        if opts.warm_workers and forkserver_available():
+            self.warm = WarmStarter()
+            self.warm.start()  # imports torch and transformers while the rest starts
         _wait_http(endpoint + "/moto-api/", 30)
         base_env = {
             "AWS_ENDPOINT_URL": endpoint,
@@ -152,9 +155,6 @@ class LocalStack:
         self.gateway = LocalGateway(self.pool, keys, opts.port)
         self.gateway.start()
 
-        if opts.warm_workers and forkserver_available():
-            self.warm = WarmStarter()
-            self.warm.start()  # imports in the background; the first worker waits for them
         # Workers: none at start; the autoscaler runs the scaling policy (and replaces dead ones).
         self.autoscaler = LocalAutoscaler(
             models=opts.models,
@@ -201,6 +201,9 @@ class LocalStack:
         tmp.write_text(json.dumps(doc, indent=2))
         os.replace(tmp, path)
         _wait_http(self.gateway.url + "/v1/health", 60)
+        if self.warm is not None:
+            # "ready" means a job's worker starts in about a second: the imports are done.
+            self.warm.wait_ready()
         return doc
 
     def _spawn_worker(self, model: str, busy_file: Path) -> WorkerProcess:
@@ -332,6 +335,8 @@ class LocalStack:
                 pass
         except Exception:
             log.warning("could not read the last events")
+        if self.warm is not None:
+            self.warm.stop()  # a spawn still waiting for it fails instead of forking late
         if self.gateway:
             self.gateway.stop()
         if self.pool:

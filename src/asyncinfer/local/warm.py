@@ -161,6 +161,10 @@ def _run_worker(entry: str, argv: list[str], env: dict[str, str]) -> None:
             reconfigure(line_buffering=True)
     os.environ.clear()
     os.environ.update(env)
+    # torch read OMP_NUM_THREADS when the fork server imported it, from the stack's environment.
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(threads))
     module, _, function = entry.partition(":")
     main = getattr(importlib.import_module(module), function)
     code = main(argv)
@@ -212,6 +216,16 @@ class WarmStarter:
             multiprocessing.forkserver.ensure_running()
         finally:
             signal.signal(signal.SIGINT, previous)
+
+    def stop(self) -> None:
+        """Stop the fork server (SIGKILL), if this process started one: a spawn still waiting for
+        it fails instead of forking a worker later. Workers already forked go on; their exit
+        status is then read from ``/proc`` (see :class:`ForkedWorker`)."""
+        server = multiprocessing.forkserver._forkserver
+        pid = getattr(server, "_forkserver_pid", None)
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def wait_ready(self) -> None:
         """Block until the fork server has finished its imports (it forks a process that does
