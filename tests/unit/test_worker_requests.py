@@ -228,3 +228,25 @@ def test_deletes_wait_for_company_while_jobs_run(
     worker._running = {}
     worker.take(1, timeout=0)
     assert in_flight(worker) == 0 and len(worker.inflight) == 0
+
+
+def test_messages_released_at_stop_stay_hidden_for_one_receive_wait(settings: Settings) -> None:
+    """Workers stopping together each have a long poll in flight: a message one of them releases
+    must not reappear before those polls end, or each receives it in turn (every receive counts
+    toward maxReceiveCount) and a job that never ran goes to the dead-letter queue."""
+    import boto3
+
+    settings = settings.model_copy(update={"receive_wait_seconds": 1})
+    worker = Worker(settings, "echo")
+    url = settings.priority_queues("echo")["normal"]
+    sqs = boto3.client("sqs", region_name=settings.region)
+    sqs.send_message(QueueUrl=url, MessageBody="{}")
+    (m,) = sqs.receive_message(QueueUrl=url, VisibilityTimeout=30)["Messages"]
+    h = Held(message_id=m["MessageId"], receipt=m["ReceiptHandle"], body="{}", queue_url=url)
+    worker.inflight.add(h)
+    worker.inboxes["normal"].put(h)
+    worker._release_unstarted()
+    assert sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0).get("Messages", []) == []
+    time.sleep(1.2)
+    (again,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0)["Messages"]
+    assert again["MessageId"] == m["MessageId"]

@@ -383,7 +383,7 @@ class Worker:
                 )
                 self.inflight.add(held)
                 if self.stop_event.is_set():
-                    self._release([held])
+                    self._release([held], delay=self._stop_release_delay())
                 else:
                     inbox.put(held)
             with self.arrived:
@@ -948,7 +948,15 @@ class Worker:
                     break
         if pending:
             log.info("releasing %d unstarted messages", len(pending))
-            self._release(pending)
+            self._release(pending, delay=self._stop_release_delay())
+
+    def _stop_release_delay(self) -> float:
+        """How long a message this worker releases as it stops stays invisible, seconds: one
+        receive wait. Workers stopping together (a scale-in) each have a long poll in flight; a
+        message released at once would be received, and released, by each of them in turn, and
+        every receive counts toward maxReceiveCount: with three of them, a job that never ran
+        went to the dead-letter queue. After one receive wait their polls have ended."""
+        return float(self.settings.receive_wait_seconds)
 
 
 def _queued_record(msg: JobMessage) -> dict[str, Any]:
