@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
 
+from asyncinfer.local.stack import free_port
 from tests.e2e.conftest import local_stack
 
 pytestmark = pytest.mark.e2e
@@ -140,3 +143,54 @@ def test_sigint_stops_everything_within_15s(stack: Stack) -> None:
         httpx.get(stack.api + "/v1/health", timeout=2)
     released = [line for line in stack.lines if job["id"] in line and "job.queued" in line]
     assert len(released) == 2, "the running job was released back to queued before exit"
+
+
+def _children(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (``/proc``)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
+def test_sigterm_while_starting_leaves_nothing_behind(tmp_path: Path) -> None:
+    """SIGTERM (what ``timeout``, systemd and ``Popen.terminate`` send) as soon as local.json
+    exists, while the fork server may still be importing torch: the stack stops in order,
+    exits 0, and leaves neither the emulator nor the fork server (nor any worker) running."""
+    exe = Path(sys.executable).parent / "asyncinfer"
+    proc = subprocess.Popen(
+        [str(exe), "local", "--port", str(free_port()), "--state-dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "local.json").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no local.json"
+            time.sleep(0.05)
+        children = _children(proc.pid)
+        assert children  # the emulator, the fork server, the Lambda pool
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        deadline = time.monotonic() + 10
+        while any(_running(p) for p in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [p for p in children if _running(p)] == []
+        assert not (tmp_path / "local.json").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

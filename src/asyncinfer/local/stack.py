@@ -203,7 +203,7 @@ class LocalStack:
         _wait_http(self.gateway.url + "/v1/health", 60)
         if self.warm is not None:
             # "ready" means a job's worker starts in about a second: the imports are done.
-            self.warm.wait_ready()
+            self.warm.wait_ready(stop=self.stop_event)
         return doc
 
     def _spawn_worker(self, model: str, busy_file: Path) -> WorkerProcess:
@@ -305,10 +305,15 @@ class LocalStack:
                 time.sleep(1)
 
     # ------------------------------------------------------------------ stop
-    def wait(self) -> None:
-        """Block until SIGINT or SIGTERM."""
+    def install_signal_handlers(self) -> None:
+        """SIGINT and SIGTERM set :attr:`stop_event` (main thread only). Installed before
+        :meth:`start`, so that a signal while the stack starts still ends in :meth:`stop`
+        instead of leaving the emulator and the fork server behind."""
         signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
         signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
+
+    def wait(self) -> None:
+        """Block until SIGINT or SIGTERM (or :attr:`stop_event` set otherwise)."""
         self.stop_event.wait()
 
     def stop(self) -> None:
@@ -368,12 +373,14 @@ def run_local(opts: LocalOptions) -> int:
     """Start the stack, print the ready line, serve until a signal, stop. Returns 0."""
     logs.setup("local")
     stack = LocalStack(opts)
+    stack.install_signal_handlers()
     try:
         doc = stack.start()
-        for name, value in doc["extra_keys"].items():
-            print(f"asyncinfer local: extra key {name}={value}", flush=True)
-        print(f"asyncinfer local: ready api={doc['api_url']} key={doc['api_key']}", flush=True)
-        stack.wait()
+        if not stack.stop_event.is_set():  # a signal during start: straight to stop
+            for name, value in doc["extra_keys"].items():
+                print(f"asyncinfer local: extra key {name}={value}", flush=True)
+            print(f"asyncinfer local: ready api={doc['api_url']} key={doc['api_key']}", flush=True)
+            stack.wait()
     finally:
         stack.stop()
     return 0

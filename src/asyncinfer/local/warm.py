@@ -227,13 +227,30 @@ class WarmStarter:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
-    def wait_ready(self) -> None:
+    def wait_ready(self, stop: threading.Event | None = None) -> bool:
         """Block until the fork server has finished its imports (it forks a process that does
-        nothing and waits for it)."""
+        nothing, and that process exits); returns ``True`` then, or ``False`` as soon as
+        ``stop`` is set."""
         self.start()
-        process = self._ctx.Process(target=_nothing, name="asyncinfer-warm-check", daemon=True)
-        process.start()
-        process.join()
+        done = threading.Event()
+
+        def check() -> None:
+            try:
+                process = self._ctx.Process(
+                    target=_nothing, name="asyncinfer-warm-check", daemon=True
+                )
+                process.start()
+                process.join()
+            except Exception:  # the fork server was stopped meanwhile
+                pass
+            finally:
+                done.set()
+
+        threading.Thread(target=check, name="warm-check", daemon=True).start()
+        while not done.wait(0.1):
+            if stop is not None and stop.is_set():
+                return False
+        return True
 
     def spawn(
         self, argv: list[str], env: Mapping[str, str], *, entry: str = WORKER_ENTRY
