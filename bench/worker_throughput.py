@@ -31,7 +31,6 @@ import platform
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -127,12 +126,6 @@ class RunResult:
         return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 # --------------------------------------------------------------------------- (a) Celery
 def ensure_celery_and_redis() -> str:
     """Install what is missing; returns the path of ``redis-server``."""
@@ -157,6 +150,8 @@ def ensure_celery_and_redis() -> str:
 
 
 def run_celery(jobs: list[dict[str, Any]]) -> RunResult:
+    from asyncinfer.local.stack import free_port
+
     redis_bin = ensure_celery_and_redis()
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
@@ -220,23 +215,15 @@ class Stack:
     """A moto server with the model's queues, table, bucket and topic; AWS calls counted."""
 
     def __init__(self) -> None:
+        from asyncinfer.local.emulator import start_emulator
+        from asyncinfer.local.stack import free_port, wait_http
         from bench.aws_counter import AwsRequestCounter
 
         # A process of its own, as on the local stack (not a thread sharing the worker's GIL).
         self.port = free_port()
-        from asyncinfer.local.emulator import start_emulator
-
         self.server = start_emulator(self.port)
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        wait_http(self.endpoint + "/moto-api/", 30)
         self.counter = AwsRequestCounter()
         self.counter.install()
         self._n = 0

@@ -363,22 +363,31 @@ class JobStore:
             }
             for _, t in todo
         ]
+        again = []
+        for (n, t), r in zip(todo, self._send_transaction(items), strict=False):
+            if r.get("Code") == "ConditionalCheckFailed":
+                old = r.get("Item")
+                out[n] = _refused(t, from_item(old) if old else None)
+            else:  # "None" (not the cause), TransactionConflict, throttling: send it again
+                again.append((n, t))
+        return again
+
+    def _send_transaction(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One TransactWriteItems call with ``items``. Returns ``[]`` when it committed, else
+        DynamoDB's cancellation reasons, one per item in order (``Code``:
+        ``ConditionalCheckFailed``, with the item as ``Item`` when ``ALL_OLD`` was asked;
+        ``None`` for an item that did not cause the cancellation; ``TransactionConflict``, ...).
+        Raises the ``ClientError`` of any other failure, and of a cancellation that does not give
+        a reason per item."""
         try:
             self.ddb.transact_write_items(TransactItems=items)
         except ClientError as exc:
             if exc.response["Error"]["Code"] != "TransactionCanceledException":
                 raise
             reasons: list[dict[str, Any]] = exc.response.get("CancellationReasons") or []  # type: ignore[assignment]
-            if len(reasons) != len(todo):
+            if len(reasons) != len(items):
                 raise
-            again = []
-            for (n, t), r in zip(todo, reasons, strict=True):
-                if r.get("Code") == "ConditionalCheckFailed":
-                    old = r.get("Item")
-                    out[n] = _refused(t, from_item(old) if old else None)
-                else:  # "None" (not the cause), TransactionConflict, throttling: send it again
-                    again.append((n, t))
-            return again
+            return reasons
         return []
 
     def expire(self, job_id: str) -> dict[str, Any] | None:
@@ -499,23 +508,20 @@ class JobStore:
                 }
             )
         try:
-            self.ddb.transact_write_items(TransactItems=items)
+            reasons = self._send_transaction(items)
         except ClientError as exc:
             if exc.response["Error"]["Code"] != "TransactionCanceledException":
                 raise
-            reasons = exc.response.get("CancellationReasons") or []
-            if len(reasons) != len(chunk):  # no per-item reasons: try each alone
-                return {
-                    job_id
-                    for job_id, attempts, fields in chunk
-                    if not self._update_one(job_id, status, attempts, fields, unless)
-                }
-            return {
+            return {  # cancelled without a reason per item: each alone
                 job_id
-                for (job_id, _, _), r in zip(chunk, reasons, strict=True)
-                if r.get("Code") == "ConditionalCheckFailed"
+                for job_id, attempts, fields in chunk
+                if not self._update_one(job_id, status, attempts, fields, unless)
             }
-        return set()
+        return {
+            job_id
+            for (job_id, _, _), r in zip(chunk, reasons, strict=False)
+            if r.get("Code") == "ConditionalCheckFailed"
+        }
 
     def _update_one(
         self, job_id: str, status: str, attempts: int, fields: dict[str, Any], unless: str | None

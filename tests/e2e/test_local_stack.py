@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from asyncinfer.local.stack import free_port
+from asyncinfer.local.warm import process_exists
 from tests.e2e.conftest import local_stack
 
 pytestmark = pytest.mark.e2e
@@ -158,14 +159,6 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
 def test_sigterm_while_starting_leaves_nothing_behind(tmp_path: Path) -> None:
     """SIGTERM (what ``timeout``, systemd and ``Popen.terminate`` send) as soon as local.json
@@ -187,9 +180,9 @@ def test_sigterm_while_starting_leaves_nothing_behind(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         deadline = time.monotonic() + 10
-        while any(_running(p) for p in children) and time.monotonic() < deadline:
+        while any(process_exists(p) for p in children) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert [p for p in children if _running(p)] == []
+        assert [p for p in children if process_exists(p)] == []
         assert not (tmp_path / "local.json").exists()
     finally:
         if proc.poll() is None:

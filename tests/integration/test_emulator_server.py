@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import boto3
-import httpx
 import pytest
 from botocore.exceptions import ClientError
 
 from asyncinfer.local.emulator import start_emulator
-from asyncinfer.local.stack import free_port
+from asyncinfer.local.stack import free_port, wait_http
 
 
 @pytest.fixture(scope="module")
@@ -24,14 +22,7 @@ def endpoint() -> Iterator[str]:
     port = free_port()
     proc = start_emulator(port)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx.get(url + "/moto-api/", timeout=2)
-            break
-        except httpx.HTTPError:
-            assert time.monotonic() < deadline, "emulator did not start"
-            time.sleep(0.1)
+    wait_http(url + "/moto-api/", 30)
     yield url
     proc.terminate()
     try:

@@ -125,7 +125,7 @@ class LocalStack:
         if opts.warm_workers and forkserver_available():
             self.warm = WarmStarter()
             self.warm.start()  # imports torch and transformers while the rest starts
-        _wait_http(endpoint + "/moto-api/", 30)
+        wait_http(endpoint + "/moto-api/", 30)
         base_env = {
             "AWS_ENDPOINT_URL": endpoint,
             "AWS_REGION": "us-east-1",
@@ -200,7 +200,7 @@ class LocalStack:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=2))
         os.replace(tmp, path)
-        _wait_http(self.gateway.url + "/v1/health", 60)
+        wait_http(self.gateway.url + "/v1/health", 60)
         if self.warm is not None:
             # "ready" means a job's worker starts in about a second: the imports are done.
             self.warm.wait_ready(stop=self.stop_event)
@@ -357,7 +357,9 @@ class LocalStack:
         log.info("stopped")
 
 
-def _wait_http(url: str, timeout: float) -> None:
+def wait_http(url: str, timeout: float) -> None:
+    """Return once ``url`` answers HTTP (any status); ``RuntimeError`` after ``timeout``
+    seconds."""
     deadline = time.monotonic() + timeout
     while True:
         try:

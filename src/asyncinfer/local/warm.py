@@ -93,7 +93,7 @@ class ForkedWorker:
         if self._process.is_alive():
             return None
         code = self._process.exitcode
-        if code == _STATUS_LOST and _exists(self._process.pid):
+        if code == _STATUS_LOST and process_exists(self._process.pid):
             return None
         return code
 
@@ -126,8 +126,9 @@ class ForkedWorker:
 _STATUS_LOST = 255
 
 
-def _exists(pid: int | None) -> bool:
-    """Whether process ``pid`` exists and is not a zombie."""
+def process_exists(pid: int | None) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (``/proc``; elsewhere
+    ``kill(pid, 0)``)."""
     if pid is None:
         return False
     try:
