@@ -7,8 +7,10 @@ admits jobs into a running batch) and hands each result back as soon as it has i
 
 Per job:
 
-1. parse each message; a job whose TTL passed while queued becomes ``expired``;
-2. ``queued -> running`` (attempts + 1), a conditional write; a cancelled or finished job is
+1. parse each message; a job whose TTL passed while queued for its first attempt becomes
+   ``expired`` (one that started before goes on to step 2: leases, issue 14);
+2. ``queued -> running`` (attempts + 1, and the job's lease, which the watcher's heartbeat renews;
+   :mod:`asyncinfer.leases`), a conditional write; a cancelled or finished job is
    skipped, a job found ``running`` (its last worker was lost: the message became visible again)
    goes ``running -> queued -> running`` so the lost worker's late writes are refused;
 3. publish ``job.started``; read the input (inline or S3) and validate it;
