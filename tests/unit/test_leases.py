@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -29,6 +30,7 @@ from asyncinfer.worker import runner
 from asyncinfer.worker.inflight import Held
 from asyncinfer.worker.runner import Worker
 from tests.conftest import drain_events
+from tests.unit.helpers import count_calls
 from tests.unit.test_sagemaker_paths import queue_async_results
 
 TENANT = "t1"
@@ -358,3 +360,19 @@ def test_a_late_notification_of_attempt_1_never_finishes_attempt_2(
     assert completion.handle_notification(done) == (job_id, "succeeded")
     rec = store.get(job_id)
     assert rec is not None and json.loads(rec["output"]) == {"v": 2}
+
+
+def test_reading_a_job_handed_back_after_its_ttl_does_not_expire_it(
+    lset: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncinfer.jobs as jobs
+
+    store = JobStore(lset)
+    job_id = submit(lset, ttl_seconds=10)
+    store.transition(job_id, from_status="queued", to_status="running", increment_attempts=True)
+    store.transition(job_id, from_status="running", to_status="queued", attempts=1)
+    monkeypatch.setattr(jobs, "now", lambda: now() + timedelta(seconds=30))
+    service = JobService(lset)
+    calls = count_calls(service.store.ddb)
+    assert service.get(TENANT, job_id)["status"] == "queued"
+    assert calls == Counter({"GetItem": 1})  # no refused expiry write, no second read
