@@ -18,15 +18,19 @@ from tests.e2e.conftest import LocalStackProcess, local_stack
 pytestmark = pytest.mark.e2e
 
 TTL = 10
+LEASE = 3
+#: Longer than lease + sweep period: the sweeper takes the job back before its message returns.
+VISIBILITY = 12
 SLEEP = 20  # longer than the TTL: the worker is killed while the job runs, after its TTL
 
 
 @pytest.fixture
 def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalStackProcess]:
     monkeypatch.setenv("ASYNCINFER_HEARTBEAT_SECONDS", "1")
-    monkeypatch.setenv("ASYNCINFER_LEASE_SECONDS", "3")
+    monkeypatch.setenv("ASYNCINFER_LEASE_SECONDS", str(LEASE))
     monkeypatch.setenv("ASYNCINFER_SWEEP_SECONDS", "1")
-    with local_stack(tmp_path / "state", "--models", "echo", "--visibility-timeout", "6") as s:
+    args = ("--models", "echo", "--visibility-timeout", str(VISIBILITY))
+    with local_stack(tmp_path / "state", *args) as s:
         yield s
 
 
@@ -57,6 +61,11 @@ def test_worker_killed_after_the_ttl_passed_leaves_no_job_running(
     pids = worker_pids(stack)
     assert len(pids) == 1, pids
     os.kill(pids[0], signal.SIGKILL)
+    killed = time.monotonic()
+    # The sweeper takes it back once the lease lapsed, before the message comes back.
+    back = stack.wait_status(job_id, {"queued"}, timeout=VISIBILITY - 2)
+    assert back["attempts"] == 1
+    assert time.monotonic() - killed < VISIBILITY
 
     done = stack.wait_status(
         job_id, {"succeeded", "failed", "cancelled", "expired"}, timeout=SLEEP + 60
@@ -69,6 +78,5 @@ def test_worker_killed_after_the_ttl_passed_leaves_no_job_running(
         time.sleep(0.2)
     types = stack.event_types(job_id)
     assert "job.expired" not in types
-    # Taken back once (the sweeper after the lease lapsed, or the next worker finding it
-    # running), then run to the end.
+    # Taken back once (by the sweeper), then run to the end by the next worker.
     assert types == ["job.queued", "job.started", "job.queued", "job.started", "job.succeeded"]
