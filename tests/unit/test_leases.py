@@ -376,3 +376,27 @@ def test_reading_a_job_handed_back_after_its_ttl_does_not_expire_it(
     calls = count_calls(service.store.ddb)
     assert service.get(TENANT, job_id)["status"] == "queued"
     assert calls == Counter({"GetItem": 1})  # no refused expiry write, no second read
+
+
+class SlowRuntime:
+    """InvokeEndpointAsync that returns only after the job's lease lapsed and the sweeper took
+    the job back."""
+
+    def __init__(self, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.settings, self.monkeypatch = settings, monkeypatch
+
+    def invoke_endpoint_async(self, **_: Any) -> Any:
+        later(self.monkeypatch, LEASE + 2)
+        assert [r["status"] for r in sweeper.take_back_lapsed(self.settings)] == ["queued"]
+        return {"InferenceId": "x", "OutputLocation": "s3://b/o"}
+
+
+def test_a_bridge_whose_job_was_taken_back_during_the_call_keeps_the_message(
+    lset: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Acknowledging it would leave the job queued with no message (and no sweeper re-send)."""
+    job_id = submit(lset)
+    m = receive(lset)
+    assert _bridge(lset, SlowRuntime(lset, monkeypatch)).submit(m["Body"]) is False
+    rec = JobStore(lset).get(job_id)
+    assert rec is not None and rec["status"] == "queued" and "inference_id" not in rec

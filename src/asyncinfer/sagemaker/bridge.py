@@ -197,7 +197,7 @@ class Bridge:
                 )
             return False
         # The endpoint holds the request now: the lease lasts as long as SageMaker may take.
-        self.store.update_fields(
+        extended = self.store.update_fields(
             msg.job_id,
             status=lifecycle.RUNNING,
             attempts=record["attempts"],
@@ -208,6 +208,11 @@ class Bridge:
                 ),
             },
         )
+        if not extended:
+            # The job moved on while the call ran (its lease lapsed and the sweeper took it back,
+            # or the result came already): keep the message; its redelivery decides.
+            self.log.warning("job %s left attempt %s meanwhile", msg.job_id, record["attempts"])
+            return False
         self.log.info("job %s submitted to %s", msg.job_id, endpoint)
         if self.metrics is not None:
             self.metrics.add_metric(name="JobsSubmitted", unit="Count", value=1)
