@@ -400,3 +400,20 @@ def test_a_bridge_whose_job_was_taken_back_during_the_call_keeps_the_message(
     assert _bridge(lset, SlowRuntime(lset, monkeypatch)).submit(m["Body"]) is False
     rec = JobStore(lset).get(job_id)
     assert rec is not None and rec["status"] == "queued" and "inference_id" not in rec
+
+
+def test_the_sweeper_lambda_takes_back_lapsed_leases(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncinfer.local.lambda_runtime import LocalContext
+
+    monkeypatch.setenv("ASYNCINFER_LEASE_SECONDS", str(LEASE))
+    monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "asyncinfer")
+    monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")
+    monkeypatch.setattr("asyncinfer.sweeper.get_settings", Settings.from_env)
+    store = JobStore(Settings.from_env())
+    job_id = submit(settings)
+    store.transition(job_id, from_status="queued", to_status="running", increment_attempts=True)
+    later(monkeypatch, LEASE + 2)
+    assert sweeper.lambda_handler({}, LocalContext("sweeper")) == {"expired": 0, "taken_back": 1}
+    assert store.get(job_id)["status"] == "queued"  # type: ignore[index]
