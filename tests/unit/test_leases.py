@@ -417,3 +417,11 @@ def test_the_sweeper_lambda_takes_back_lapsed_leases(
     later(monkeypatch, LEASE + 2)
     assert sweeper.lambda_handler({}, LocalContext("sweeper")) == {"expired": 0, "taken_back": 1}
     assert store.get(job_id)["status"] == "queued"  # type: ignore[index]
+
+
+def test_lease_length_is_a_setting_defaulting_to_three_heartbeats() -> None:
+    assert Settings(visibility_timeout_seconds=120).lease_interval == 120  # heartbeat 40 s
+    assert Settings(heartbeat_seconds=1.5).lease_interval == 5  # 4.5 s, rounded up
+    env = {"ASYNCINFER_LEASE_SECONDS": "7", "ASYNCINFER_SWEEP_SECONDS": "0.5"}
+    s = Settings.from_env(env)
+    assert (s.lease_interval, s.sweep_seconds) == (7, 0.5)
