@@ -153,7 +153,8 @@ class AsyncInferStack(Stack):
             service="sweeper",
             environment=env,
             timeout=Duration.seconds(60),
-            description="asyncinfer expiry sweeper: queued jobs past their TTL (every minute)",
+            description="asyncinfer expiry sweeper: queued jobs past their TTL, running jobs "
+            "whose lease lapsed (every minute)",
             **fn_common,
         ).function
         self.table.grant_read_write_data(self.sweeper_fn)
@@ -303,6 +304,11 @@ class AsyncInferStack(Stack):
             self.events_topic.grant_publish(self.completion_fn)
             for t in (success, error):
                 t.add_subscription(subs.LambdaSubscription(self.completion_fn))
+            # leases (issue 14): failed notifications are kept; the sweeper re-sends the
+            # messages of SageMaker jobs it takes back.
+            self.sagemaker.add_completion_failure_destination(self.completion_fn)
+            for q in self.queues.class_queues.values():
+                q.grant_send_messages(self.sweeper_fn)
             workers_metric = {
                 m: endpoint_metric("ApproximateBacklogSizePerInstance", n)
                 for m, n in self.sagemaker.endpoint_names.items()

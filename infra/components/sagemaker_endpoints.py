@@ -6,20 +6,27 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from aws_cdk import ArnFormat, Duration, Stack
+from aws_cdk import Acknowledgment, ArnFormat, Duration, Stack, Validations
 from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_destinations as destinations
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 #: Key prefixes SageMaker writes results and failures under (inside ``outputs/``, which expires).
 OUTPUT_PREFIX = "outputs/sagemaker"
 FAILURE_PREFIX = "outputs/sagemaker-failures"
 VARIANT = "AllTraffic"
+#: Asynchronous invocations of the completion Lambda: retries after an error (0..2, Lambda's
+#: maximum) and how long an event may wait, before it goes to the failure destination.
+COMPLETION_RETRY_ATTEMPTS = 2
+COMPLETION_MAX_EVENT_AGE = Duration.hours(6)
 
 
 def endpoint_metric(name: str, endpoint_name: str) -> cloudwatch.Metric:
@@ -222,6 +229,38 @@ class SageMakerEndpoints(Construct):
                 for n in self.endpoint_names.values()
             ],
         )
+
+    def add_completion_failure_destination(self, fn: lambda_.IFunction) -> sqs.Queue:
+        """Give the completion Lambda (``fn``, invoked asynchronously by the notification topics)
+        an on-failure destination: an SQS queue (SSE, TLS only, 14 days) that keeps each
+        notification Lambda could not apply after :data:`COMPLETION_RETRY_ATTEMPTS` retries or
+        :data:`COMPLETION_MAX_EVENT_AGE` (Lambda developer guide, "Retaining records of
+        asynchronous invocations"), for triage. The job itself is not lost meanwhile: its lease
+        lapses and the sweeper takes it back (:mod:`asyncinfer.leases`). Returns the queue."""
+        queue = sqs.Queue(
+            self,
+            "CompletionFailures",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=Duration.days(14),
+        )
+        Validations.of(queue).acknowledge(
+            Acknowledgment(
+                id="AwsSolutions-SQS3",
+                reason="This queue is itself a dead-letter store (the completion Lambda's "
+                "on-failure destination); nothing consumes it.",
+            )
+        )
+        lambda_.EventInvokeConfig(
+            self,
+            "CompletionInvokeConfig",
+            function=fn,
+            on_failure=destinations.SqsDestination(queue),
+            retry_attempts=COMPLETION_RETRY_ATTEMPTS,
+            max_event_age=COMPLETION_MAX_EVENT_AGE,
+        )
+        self.completion_failures = queue
+        return queue
 
     def endpoint_names_json(self) -> str:
         """``{model: endpoint_name}`` as JSON (``ASYNCINFER_SAGEMAKER_ENDPOINTS``)."""

@@ -11,6 +11,7 @@ from constructs import Construct
 PARTITION_KEY = "job_id"
 TENANT_INDEX = "tenant-index"
 QUEUED_INDEX = "queued-expiry-index"
+RUNNING_INDEX = "running-lease-index"
 TTL_ATTRIBUTE = "ttl"
 #: Key prefixes of the bucket (:mod:`asyncinfer` writes inputs and outputs under these).
 EXPIRING_PREFIXES = ("inputs/", "outputs/", "uploads/")
@@ -20,7 +21,9 @@ class JobTable(Construct):
     """The DynamoDB table of job records: on-demand, TTL on ``ttl``, point-in-time recovery,
     AWS-owned-key encryption, GSI ``tenant-index`` (``tenant`` S / ``job_id`` S, projection ALL),
     and the sparse GSI ``queued-expiry-index`` (``queued_mark`` S / ``expires_epoch`` N, keys
-    only) that the expiry sweeper queries (:mod:`asyncinfer.store`).
+    only) that the expiry sweeper queries, and the sparse GSI ``running-lease-index``
+    (``running_mark`` S / ``lease_expires_epoch`` N, keys only) where the sweeper finds running
+    jobs whose lease lapsed (:mod:`asyncinfer.store`, :mod:`asyncinfer.leases`).
 
     Args:
         removal_policy: RETAIN keeps the records when the stack is deleted.
@@ -55,6 +58,16 @@ class JobTable(Construct):
                 name="queued_mark", type=dynamodb.AttributeType.STRING
             ),
             sort_key=dynamodb.Attribute(name="expires_epoch", type=dynamodb.AttributeType.NUMBER),
+            projection_type=dynamodb.ProjectionType.KEYS_ONLY,
+        )
+        self.table.add_global_secondary_index(
+            index_name=RUNNING_INDEX,
+            partition_key=dynamodb.Attribute(
+                name="running_mark", type=dynamodb.AttributeType.STRING
+            ),
+            sort_key=dynamodb.Attribute(
+                name="lease_expires_epoch", type=dynamodb.AttributeType.NUMBER
+            ),
             projection_type=dynamodb.ProjectionType.KEYS_ONLY,
         )
 

@@ -216,8 +216,11 @@ class JobService:
 
     def _expire_if_due(self, record: dict[str, Any]) -> dict[str, Any]:
         """A queued job past its ``expires_at`` becomes ``expired`` when it is read, so that it
-        expires even while no worker runs (the worker expires it too when it dequeues it)."""
+        expires even while no worker runs (the worker expires it too when it dequeues it). A job
+        handed back after it started (``attempts`` > 0) never expires (issue 14)."""
         if record["status"] != lifecycle.QUEUED or parse(record["expires_at"]) > now():
+            return record
+        if record.get("attempts"):
             return record
         expired = self.store.expire(record["job_id"])
         if expired is None:  # it moved on meanwhile: read it as it is now

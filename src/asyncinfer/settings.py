@@ -11,6 +11,11 @@ Environment variables (all optional unless a component needs the resource):
 ``ASYNCINFER_MAX_RECEIVE_COUNT``    SQS maxReceiveCount of every queue's redrive policy (3)
 ``ASYNCINFER_VISIBILITY_TIMEOUT``   visibility timeout, seconds, the worker keeps extending (120)
 ``ASYNCINFER_HEARTBEAT_SECONDS``    heartbeat interval, seconds (default visibility timeout / 3)
+``ASYNCINFER_LEASE_SECONDS``        lease of a running job, seconds, renewed each heartbeat; a job
+                                    whose lease lapsed is taken back by the sweeper (default 3
+                                    heartbeat intervals)
+``ASYNCINFER_SWEEP_SECONDS``        how often the local stack's sweeper runs, seconds (5; in AWS
+                                    a scheduled Lambda every minute)
 ``ASYNCINFER_RECEIVE_WAIT``         ReceiveMessage WaitTimeSeconds, 0..20 (20)
 ``ASYNCINFER_DRAIN_SECONDS``        after SIGTERM, how long running jobs may go on (10)
 ``ASYNCINFER_RETRY_DELAY``          base delay, seconds, before a retryable failure is retried (2)
@@ -41,6 +46,7 @@ Environment variables (all optional unless a component needs the resource):
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from functools import lru_cache
@@ -53,6 +59,9 @@ from asyncinfer.errors import ConfigError
 
 #: The inline limit of outputs in the job object, bytes of JSON (spec: "at most 64 KB").
 INLINE_OUTPUT_LIMIT_BYTES = 64 * 1024
+#: A running job's default lease, in heartbeat intervals: a worker may miss two heartbeats (a
+#: slow AWS call, a GC pause) before the sweeper takes its job back.
+LEASE_HEARTBEATS = 3
 
 
 class Settings(BaseModel):
@@ -66,6 +75,8 @@ class Settings(BaseModel):
     max_receive_count: int = 3
     visibility_timeout_seconds: int = 120
     heartbeat_seconds: float = 0.0
+    lease_seconds: float = 0.0
+    sweep_seconds: float = 5.0
     receive_wait_seconds: int = 20
     receive_max_messages: int = 10
     drain_seconds: float = 10.0
@@ -94,6 +105,12 @@ class Settings(BaseModel):
     def heartbeat_interval(self) -> float:
         """Seconds between visibility extensions: the set value, else a third of the timeout."""
         return self.heartbeat_seconds or self.visibility_timeout_seconds / 3
+
+    @property
+    def lease_interval(self) -> int:
+        """Seconds a running job's lease lasts from its start or last renewal: the set value,
+        else :data:`LEASE_HEARTBEATS` heartbeat intervals, rounded up (at least 1)."""
+        return max(1, math.ceil(self.lease_seconds or LEASE_HEARTBEATS * self.heartbeat_interval))
 
     def queue_url(self, model: str, priority: str = "normal") -> str:
         """The SQS queue URL of ``model`` for a priority class.
@@ -139,6 +156,8 @@ class Settings(BaseModel):
         take("ASYNCINFER_MAX_RECEIVE_COUNT", "max_receive_count", int)
         take("ASYNCINFER_VISIBILITY_TIMEOUT", "visibility_timeout_seconds", int)
         take("ASYNCINFER_HEARTBEAT_SECONDS", "heartbeat_seconds", float)
+        take("ASYNCINFER_LEASE_SECONDS", "lease_seconds", float)
+        take("ASYNCINFER_SWEEP_SECONDS", "sweep_seconds", float)
         take("ASYNCINFER_RECEIVE_WAIT", "receive_wait_seconds", int)
         take("ASYNCINFER_DRAIN_SECONDS", "drain_seconds", float)
         take("ASYNCINFER_RETRY_DELAY", "retry_delay_seconds", float)

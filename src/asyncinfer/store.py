@@ -6,8 +6,16 @@ Table design (the CDK app and the local stack create it the same way):
 * GSI ``tenant-index``: partition key ``tenant`` (S), sort key ``job_id`` (S), projection ALL.
   Job ids are ULIDs, so a Query with ``ScanIndexForward=False`` lists a tenant's jobs newest first;
 * sparse GSI ``queued-expiry-index``: partition key ``queued_mark`` (S, present only while the
-  job is ``queued``), sort key ``expires_epoch`` (N), projection KEYS_ONLY: the expiry sweeper
-  finds queued jobs past their TTL without a scan. :meth:`JobStore.transition` keeps the mark;
+  job is ``queued`` for its first attempt), sort key ``expires_epoch`` (N), projection
+  KEYS_ONLY: the expiry sweeper finds queued jobs past their TTL without a scan. The submit sets
+  the mark and every transition removes it: a job handed back after it started is not expirable
+  (``expired`` is only for jobs that never started);
+* sparse GSI ``running-lease-index``: partition key ``running_mark`` (S, present only while the
+  job is ``running``), sort key ``lease_expires_epoch`` (N, epoch seconds), projection
+  KEYS_ONLY: the sweeper finds running jobs whose lease lapsed (their worker is gone) without a
+  scan. Every ``-> running`` transition sets both (the lease from ``Settings.lease_interval``
+  unless the transition sets its own), :meth:`JobStore.renew_leases` moves the lease on, and
+  every transition out of ``running`` removes both;
 * TTL attribute ``ttl`` (N, epoch seconds): the record is deleted some time after
   ``created + record_retention_seconds`` (DynamoDB TTL; it never runs on the emulator).
 
@@ -16,7 +24,8 @@ Item attributes: ``job_id``, ``tenant``, ``model``, ``status``, ``attempts`` (N:
 ``timeout_seconds`` (N), ``input_ref`` (S3 URI, only for inputs stored in S3), ``output`` (S, JSON
 text, when at most 64 KB), ``output_ref`` (S3 URI otherwise), ``error`` (M: code, message),
 ``progress_tokens`` (N), ``cancel_requested`` (BOOL), ``webhook`` (S, JSON), ``metadata`` (M of S),
-``ttl`` (N).
+``lease_expires_epoch`` (N, while running), ``inference_id`` (S: the SageMaker request of the
+running attempt, set once the bridge invoked the endpoint), ``ttl`` (N).
 
 Every status change is :meth:`JobStore.transition`: an UpdateItem whose condition is the current
 status (``#status``: ``status`` is a DynamoDB reserved word) and, where given, the attempt number.
@@ -30,10 +39,11 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import random
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -52,6 +62,12 @@ TENANT_INDEX = "tenant-index"
 QUEUED_INDEX = "queued-expiry-index"
 #: Partition key value of that index: set while a job is ``queued``, removed when it leaves.
 QUEUED_MARK = "queued"
+#: Sparse GSI of the running jobs, by the time their lease lapses (the sweeper's takeover).
+RUNNING_INDEX = "running-lease-index"
+#: Partition key value of that index: set while a job is ``running``, removed when it leaves.
+RUNNING_MARK = "running"
+#: The running job's lease attribute (epoch seconds): past it, the job has no live worker.
+LEASE_FIELD = "lease_expires_epoch"
 
 T = TypeVar("T")
 
@@ -120,6 +136,39 @@ class JobStore:
             Limit=limit,
         )
         return [item["job_id"]["S"] for item in resp.get("Items", [])]
+
+    def running_past_lease(self, now_epoch: int, limit: int = 100) -> list[str]:
+        """Ids of up to ``limit`` running jobs whose ``lease_expires_epoch`` is before
+        ``now_epoch`` (epoch seconds), oldest lease first (the running-lease GSI; eventually
+        consistent, so callers re-check with a conditional write)."""
+        resp = self.ddb.query(
+            TableName=self.table,
+            IndexName=RUNNING_INDEX,
+            KeyConditionExpression="running_mark = :m AND lease_expires_epoch < :now",
+            ExpressionAttributeValues={":m": {"S": RUNNING_MARK}, ":now": {"N": str(now_epoch)}},
+            Limit=limit,
+        )
+        return [item["job_id"]["S"] for item in resp.get("Items", [])]
+
+    def lease_until(self, seconds: float | None = None) -> int:
+        """The lease expiry (epoch seconds) of a lease taken or renewed now: ``seconds`` from now
+        (default ``Settings.lease_interval``), rounded up."""
+        length = self.settings.lease_interval if seconds is None else seconds
+        return int(time.time()) + max(1, math.ceil(length))
+
+    def renew_leases(
+        self, leases: Iterable[tuple[str, int]], *, seconds: float | None = None
+    ) -> set[str]:
+        """Move the lease of each running ``(job_id, attempts)`` to ``seconds`` from now
+        (default ``Settings.lease_interval``), each write conditional on the job still
+        ``running`` at that attempt (:meth:`update_fields_many`: one TransactWriteItems call per
+        100 jobs, an UpdateItem for one). Returns the ids refused: jobs that finished, or that
+        the sweeper took back because their lease lapsed (no longer the caller's)."""
+        until = self.lease_until(seconds)
+        updates = [(job_id, attempts, {LEASE_FIELD: until}) for job_id, attempts in leases]
+        if not updates:
+            return set()
+        return self.update_fields_many(updates, status=lifecycle.RUNNING)
 
     def get(self, job_id: str, *, consistent: bool = True) -> dict[str, Any] | None:
         """The record of ``job_id``, or ``None``."""
@@ -271,10 +320,19 @@ class JobStore:
             pause *= 2
         raise AssertionError("unreachable")
 
+    def leased(self, t: Transition) -> Transition:
+        """``t`` with a lease (``lease_expires_epoch`` = now + ``Settings.lease_interval``) when
+        it starts an attempt (``-> running``) and sets none of its own; else ``t``."""
+        if t.to_status != lifecycle.RUNNING or LEASE_FIELD in t.set_fields:
+            return t
+        return replace(t, set_fields={**t.set_fields, LEASE_FIELD: self.lease_until()})
+
     def apply(self, t: Transition) -> dict[str, Any]:
         """:meth:`transition` for a :class:`Transition` already built: the new record, or
-        :class:`TransitionRefused` (with the current record) when its condition fails."""
+        :class:`TransitionRefused` (with the current record) when its condition fails. A start
+        takes a lease (:meth:`leased`)."""
         t.check()
+        t = self.leased(t)
         try:
             resp = self._update_item(
                 TableName=self.table,
@@ -313,6 +371,11 @@ class JobStore:
         (the record is then ``t.applied_to(record before)``: TransactWriteItems returns no
         item), the :class:`TransitionRefused` when it was refused, or the exception that kept
         it from being written (an AWS fault: it may or may not have been applied).
+
+        A start (``-> running``) written here should carry its lease in ``set_fields``
+        (:data:`LEASE_FIELD`: :meth:`lease_until`), so that ``t.applied_to`` shows it; one written
+        alone by :meth:`apply` gets one anyway. A start without a lease is not in the
+        running-lease index, so the sweeper could not take it back.
         """
         seen: set[str] = set()
         for t in transitions:
@@ -391,14 +454,18 @@ class JobStore:
         return []
 
     def expire(self, job_id: str) -> dict[str, Any] | None:
-        """``queued -> expired`` (error ``expired``) for a job whose TTL passed in the queue.
-        Returns the expired record, or ``None`` when the job was no longer queued (it started,
-        was cancelled or already expired: nothing to do). The caller publishes the event."""
+        """``queued -> expired`` (error ``expired``) for a job whose TTL passed in the queue
+        before its first attempt (conditional on ``attempts`` 0: ``expired`` is only for jobs
+        that never started; one handed back after it started is retried or failed by the normal
+        rules). Returns the expired record, or ``None`` when the job was no longer queued for
+        its first attempt (it started, was cancelled or already expired: nothing to do). The
+        caller publishes the event."""
         try:
             return self.transition(
                 job_id,
                 from_status=lifecycle.QUEUED,
                 to_status=lifecycle.EXPIRED,
+                attempts=0,
                 set_fields={
                     "completed_at": iso(now()),
                     "error": {"code": "expired", "message": "job expired in the queue (ttl)"},
@@ -557,6 +624,9 @@ class Transition:
     set_fields: dict[str, Any] = field(default_factory=dict)
     remove_fields: tuple[str, ...] = ()
     increment_attempts: bool = False
+    #: When given (epoch seconds), the job's lease must have lapsed before it (the sweeper's
+    #: takeover: a worker that renewed its lease meanwhile keeps the job).
+    lease_lapsed_before: int | None = None
 
     @property
     def froms(self) -> tuple[str, ...]:
@@ -578,10 +648,12 @@ class Transition:
         new.update(_written(self.set_fields))
         for k in self.remove_fields:
             new.pop(k, None)
-        if self.to_status == lifecycle.QUEUED:
-            new["queued_mark"] = QUEUED_MARK
+        new.pop("queued_mark", None)
+        if self.to_status == lifecycle.RUNNING:
+            new["running_mark"] = RUNNING_MARK
         else:
-            new.pop("queued_mark", None)
+            new.pop("running_mark", None)
+            new.pop(LEASE_FIELD, None)
         return new
 
     def shows_applied(self, current: dict[str, Any] | None) -> bool:
@@ -612,6 +684,9 @@ def _update_params(t: Transition) -> dict[str, Any]:
     if t.attempts is not None:
         conds.append("attempts = :att")
         values[":att"] = {"N": str(t.attempts)}
+    if t.lease_lapsed_before is not None:
+        conds.append("lease_expires_epoch < :lapsed")
+        values[":lapsed"] = {"N": str(t.lease_lapsed_before)}
     sets = ["#status = :to"]
     for n, (k, v) in enumerate(t.set_fields.items()):
         names[f"#k{n}"] = k
@@ -620,12 +695,15 @@ def _update_params(t: Transition) -> dict[str, Any]:
     if t.increment_attempts:
         sets.append("attempts = attempts + :one")
         values[":one"] = {"N": "1"}
-    removes = list(t.remove_fields)
-    if t.to_status == lifecycle.QUEUED:
-        sets.append("queued_mark = :qm")
-        values[":qm"] = {"S": QUEUED_MARK}
+    # The queued mark is the submit's alone (only a first attempt can expire); the running mark
+    # and the lease hold while the job runs.
+    removes = [*t.remove_fields, "queued_mark"]
+    if t.to_status == lifecycle.RUNNING:
+        sets.append("running_mark = :rm")
+        values[":rm"] = {"S": RUNNING_MARK}
     else:
-        removes.append("queued_mark")
+        removes += ["running_mark", LEASE_FIELD]
+    removes = [k for k in dict.fromkeys(removes) if k not in t.set_fields]
     expr = "SET " + ", ".join(sets)
     if removes:
         for n, k in enumerate(removes):

@@ -1,10 +1,23 @@
-"""The expiry sweeper: queued jobs whose ``ttl_seconds`` passed become ``expired`` (error code
-``expired``) and ``job.expired`` is published, even while no worker runs and nobody reads them.
+"""The sweeper. Two sweeps, each through the store's conditional transitions:
 
-In AWS a Lambda runs it every minute (EventBridge schedule); the local stack runs it every few
-seconds. The job's SQS message stays in the queue; a worker that dequeues it later finds the job
-terminal and deletes the message without running it. Workers and ``GET`` also expire due jobs
-they meet, so the sweeper's period bounds the delay, not correctness.
+* expiry: queued jobs whose ``ttl_seconds`` passed before their first attempt become
+  ``expired`` (error code ``expired``) and ``job.expired`` is published, even while no worker
+  runs and nobody reads them. The job's SQS message stays in the queue; a worker that dequeues it
+  later finds the job terminal and deletes the message without running it. Workers and ``GET``
+  also expire due jobs they meet, so the sweeper's period bounds the delay, not correctness.
+* lease takeover: running jobs whose lease lapsed (no live worker: killed, a SageMaker bridge
+  that died before invoking the endpoint, a completion notification that never came) are taken
+  back (:mod:`asyncinfer.leases`): requeued for another attempt, or failed with
+  ``max_attempts``, or cancelled when a cancel was requested; their event is published. A worker
+  job's message comes back by itself once its visibility timeout runs out (its worker no longer
+  extends it); a SageMaker job's message was acknowledged when the bridge invoked the endpoint
+  (the record has an ``inference_id``), so the sweeper sends the job's message again, built from
+  the record, *before* the takeover write: a bridge that gets it first finds the job running with
+  a lapsed lease and takes it back itself, and if the takeover write then fails the message still
+  exists.
+
+In AWS a Lambda runs it every minute (EventBridge schedule); the local stack runs it every
+``Settings.sweep_seconds`` (5 s).
 """
 
 from __future__ import annotations
@@ -16,7 +29,9 @@ from typing import Any
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from asyncinfer import clients, leases, lifecycle
 from asyncinfer.events import EventPublisher
+from asyncinfer.messages import JobMessage
 from asyncinfer.observability import instrument, powertools
 from asyncinfer.settings import Settings, get_settings
 from asyncinfer.store import JobStore
@@ -49,12 +64,87 @@ def expire_due(settings: Settings, *, limit: int = 500) -> list[str]:
     return expired
 
 
+def take_back_lapsed(settings: Settings, *, limit: int = 500) -> list[dict[str, Any]]:
+    """Take back up to ``limit`` running jobs whose lease lapsed (see the module docstring);
+    returns their records after the takeover (``queued``, ``failed`` or ``cancelled``). Each is
+    a conditional write, so a job whose worker renewed its lease meanwhile is left alone."""
+    store = JobStore(settings)
+    events = EventPublisher(settings)
+    sqs = clients.client("sqs", settings)
+    taken: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    while len(taken) < limit:
+        now_epoch = int(time.time())
+        ids = [
+            j
+            for j in store.running_past_lease(now_epoch, limit=min(100, limit - len(taken)))
+            if j not in seen
+        ]
+        if not ids:
+            break
+        seen.update(ids)
+        for job_id in ids:
+            try:
+                record = _take_back_one(store, sqs, settings, job_id, now_epoch)
+            except Exception:  # one job's AWS fault must not stop the sweep; next round retries
+                log.exception("could not take back job %s", job_id)
+                continue
+            if record is not None:
+                events.publish(record)
+                taken.append(record)
+    if taken:
+        log.info("took back %d running jobs whose lease lapsed", len(taken))
+    return taken
+
+
+def _take_back_one(
+    store: JobStore, sqs: Any, settings: Settings, job_id: str, now_epoch: int
+) -> dict[str, Any] | None:
+    record = store.get(job_id)
+    if record is None or not leases.lease_lapsed(record, now_epoch):
+        return None
+    transition = leases.takeover(record, now_epoch, settings.max_receive_count)
+    if transition.to_status == lifecycle.QUEUED and _message_acknowledged(record):
+        sqs.send_message(
+            QueueUrl=settings.queue_url(record["model"], record.get("priority") or "normal"),
+            MessageBody=message_from_record(record).dumps(),
+        )
+    return leases.take_back(store, record, now_epoch, settings)
+
+
+def _message_acknowledged(record: dict[str, Any]) -> bool:
+    """Whether the job's SQS message is gone while it runs: a SageMaker bridge acknowledges it
+    once it invoked the endpoint for this attempt (and recorded the ``inference_id``)."""
+    return bool(record.get("inference_id"))
+
+
+def message_from_record(record: dict[str, Any]) -> JobMessage:
+    """The job's SQS message rebuilt from its record (the input by ``input_ref``, which the
+    SageMaker bridge records for every job it invokes)."""
+    return JobMessage(
+        job_id=record["job_id"],
+        tenant=record["tenant"],
+        model=record["model"],
+        priority=record.get("priority") or "normal",
+        expires_at=record["expires_at"],
+        timeout_seconds=int(record["timeout_seconds"]),
+        input_ref=record.get("input_ref"),
+        created_at=record.get("created_at"),
+        metadata=record.get("metadata"),
+        webhook=record.get("webhook"),
+    )
+
+
 logger, tracer, metrics = powertools("asyncinfer-sweeper")
 
 
 @instrument(logger, tracer, metrics)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    """The scheduled sweeper Lambda: ``{"expired": <count>}``; metric ``JobsExpired``."""
-    count = len(expire_due(get_settings()))
+    """The scheduled sweeper Lambda: ``{"expired": <count>, "taken_back": <count>}``; metrics
+    ``JobsExpired`` and ``LeasesLapsed``."""
+    settings = get_settings()
+    count = len(expire_due(settings))
     metrics.add_metric(name="JobsExpired", unit=MetricUnit.Count, value=count)
-    return {"expired": count}
+    taken = len(take_back_lapsed(settings))
+    metrics.add_metric(name="LeasesLapsed", unit=MetricUnit.Count, value=taken)
+    return {"expired": count, "taken_back": taken}

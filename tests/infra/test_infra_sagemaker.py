@@ -109,3 +109,44 @@ def test_optional_alarm_topic_receives_alarms(sagemaker: Any) -> None:
 def test_no_ecs_resources(sagemaker: Any) -> None:
     assert not sagemaker.resources("AWS::ECS::Cluster")
     assert not sagemaker.resources("AWS::EC2::VPC")
+
+
+def test_completion_lambda_has_a_failure_destination(sagemaker: Any) -> None:
+    """Notifications the completion Lambda could not apply after its retries are kept in an SQS
+    queue (issue 14), encrypted and kept 14 days."""
+    fn_id = next(
+        k
+        for k, r in sagemaker.resources("AWS::Lambda::Function").items()
+        if "SageMaker notifications" in r["Properties"].get("Description", "")
+    )
+    configs = [
+        c
+        for c in sagemaker.props("AWS::Lambda::EventInvokeConfig")
+        if c["FunctionName"] == {"Ref": fn_id}
+    ]
+    assert len(configs) == 1
+    config = configs[0]
+    assert config["MaximumRetryAttempts"] == 2
+    assert config["MaximumEventAgeInSeconds"] == 6 * 3600
+    target = config["DestinationConfig"]["OnFailure"]["Destination"]
+    queue_id = target["Fn::GetAtt"][0]
+    queue = sagemaker.resources("AWS::SQS::Queue")[queue_id]["Properties"]
+    assert queue["SqsManagedSseEnabled"] is True
+    assert queue["MessageRetentionPeriod"] == 14 * 24 * 3600
+
+
+def test_sweeper_may_resend_messages_of_sagemaker_jobs(sagemaker: Any) -> None:
+    """The sweeper sends the message of a SageMaker job it takes back again (issue 14)."""
+    sweeper_role = next(
+        r["Properties"]["Role"]["Fn::GetAtt"][0]
+        for r in sagemaker.resources("AWS::Lambda::Function").values()
+        if "expiry sweeper" in r["Properties"].get("Description", "")
+    )
+    actions = [
+        a
+        for p in sagemaker.props("AWS::IAM::Policy")
+        if {"Ref": sweeper_role} in p["Roles"]
+        for st in p["PolicyDocument"]["Statement"]
+        for a in (st["Action"] if isinstance(st["Action"], list) else [st["Action"]])
+    ]
+    assert "sqs:SendMessage" in actions

@@ -53,9 +53,33 @@ def test_table_matches_the_store_design(any_mode: Any) -> None:
                     ],
                     "Projection": {"ProjectionType": "KEYS_ONLY"},
                 },
+                # issue 14 added this index (see test_running_lease_index_is_sparse_keys_only)
+                RUNNING_LEASE_INDEX,
             ],
         },
     )
+
+
+RUNNING_LEASE_INDEX = {
+    "IndexName": "running-lease-index",
+    "KeySchema": [
+        {"AttributeName": "running_mark", "KeyType": "HASH"},
+        {"AttributeName": "lease_expires_epoch", "KeyType": "RANGE"},
+    ],
+    "Projection": {"ProjectionType": "KEYS_ONLY"},
+}
+
+
+def test_running_lease_index_is_sparse_keys_only(any_mode: Any) -> None:
+    """The sweeper finds running jobs whose lease lapsed through this GSI (issue 14), keyed as
+    the store keys it (the local stack's table: tests/unit/test_leases.py)."""
+    from asyncinfer.store import RUNNING_INDEX
+
+    (table,) = any_mode.props("AWS::DynamoDB::Table")
+    index = next(i for i in table["GlobalSecondaryIndexes"] if i["IndexName"] == RUNNING_INDEX)
+    assert index == RUNNING_LEASE_INDEX
+    types = {a["AttributeName"]: a["AttributeType"] for a in table["AttributeDefinitions"]}
+    assert types["running_mark"] == "S" and types["lease_expires_epoch"] == "N"
 
 
 def test_each_model_has_a_queue_per_priority_class_sharing_one_dlq(any_mode: Any) -> None:
@@ -130,9 +154,15 @@ def test_data_bucket_is_private_encrypted_and_expires_inputs_and_outputs(any_mod
     assert len(any_mode.props("AWS::S3::BucketPolicy")) == len(any_mode.props("AWS::S3::Bucket"))
 
 
+def _completion_failures(s: Any) -> int:
+    """Queues added by issue 14: the SageMaker completion Lambda's on-failure destination."""
+    return 1 if s.mode == "sagemaker" else 0
+
+
 def test_three_priority_queues_and_one_dlq_per_model(any_mode: Any) -> None:
     queues = any_mode.props("AWS::SQS::Queue")
-    assert len(queues) == 4 * len(MODELS) + 2  # + the webhook queue and its DLQ
+    # + the webhook queue and its DLQ (+ the completion Lambda's failure destination: issue 14)
+    assert len(queues) == 4 * len(MODELS) + 2 + _completion_failures(any_mode)
     main = [q for q in queues if q.get("RedrivePolicy", {}).get("maxReceiveCount") != 100]
     main = [q for q in main if "RedrivePolicy" in q]
     assert len(main) == 3 * len(MODELS)
@@ -146,7 +176,9 @@ def test_three_priority_queues_and_one_dlq_per_model(any_mode: Any) -> None:
 
 def test_every_queue_policy_denies_plain_http(any_mode: Any) -> None:
     policies = any_mode.props("AWS::SQS::QueuePolicy")
-    assert sum(len(p["Queues"]) for p in policies) == 4 * len(MODELS) + 2
+    assert sum(len(p["Queues"]) for p in policies) == (
+        4 * len(MODELS) + 2 + _completion_failures(any_mode)
+    )
     for p in policies:
         assert _denies_insecure_transport(p["PolicyDocument"]["Statement"])
 

@@ -26,7 +26,7 @@ from asyncinfer.local.resources import Resources
 from asyncinfer.models.echo import EchoHandler
 from asyncinfer.models.registry import MODELS
 from asyncinfer.payloads import PayloadStore
-from asyncinfer.sagemaker.bridge import Bridge
+from asyncinfer.sagemaker.bridge import Bridge, inference_id
 from asyncinfer.sagemaker.completion import Completion, classify_failure
 from asyncinfer.sagemaker.server import InvocationsApp, make_server
 from asyncinfer.settings import Settings
@@ -151,10 +151,11 @@ def test_bridge_invokes_with_s3_input_job_id_ttl_and_timeout(
     call = calls.calls[0]
     assert call["EndpointName"] == "ep-echo"
     assert call["InputLocation"] == f"s3://{resources.bucket}/inputs/t1/{job_id}.json"
-    assert call["InferenceId"] == job_id
+    # The job id and the attempt (issue 14: a late notification of attempt 1 is told apart).
+    assert call["InferenceId"] == inference_id(job_id, 1) == f"{job_id}.a1"
     assert 590 <= call["RequestTTLSeconds"] <= 600
     assert call["InvocationTimeoutSeconds"] == 90
-    assert calls.responses[0]["InferenceId"] == job_id  # moto answered the call
+    assert calls.responses[0]["InferenceId"] == inference_id(job_id, 1)  # moto answered the call
     # The inline input was written where SageMaker reads it.
     assert PayloadStore(settings).read_json(call["InputLocation"]) == {"hello": "world"}
     record = JobStore(settings).get(job_id)

@@ -38,13 +38,19 @@ def test_queued_job_past_ttl_expires(settings: Settings, monkeypatch: pytest.Mon
     assert sweeper.expire_due(settings) == []  # idempotent
 
 
-def test_running_job_is_not_expired_but_a_requeued_one_is(
+def test_neither_a_running_job_nor_one_handed_back_after_it_started_expires(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Issue 14: ``expired`` is only for jobs that never started; a job handed back after its TTL
+    # passed is retried (or failed) by the normal rules. (This test asserted the opposite for the
+    # handed-back job before the issue.)
     store = JobStore(settings)
     job_id = submit(settings, ttl=10)
     store.transition(job_id, from_status="queued", to_status="running", increment_attempts=True)
     later(monkeypatch, 11)
     assert sweeper.expire_due(settings) == []
     store.transition(job_id, from_status="running", to_status="queued", attempts=1)
-    assert sweeper.expire_due(settings) == [job_id]
+    assert sweeper.expire_due(settings) == []
+    assert store.expire(job_id) is None
+    rec = store.get(job_id)
+    assert rec is not None and rec["status"] == "queued" and "queued_mark" not in rec

@@ -10,7 +10,7 @@ from typing import Any
 
 from asyncinfer import clients
 from asyncinfer.settings import Settings
-from asyncinfer.store import QUEUED_INDEX, TENANT_INDEX
+from asyncinfer.store import QUEUED_INDEX, RUNNING_INDEX, TENANT_INDEX
 from asyncinfer.webhooks.queues import create_webhook_queues
 
 #: SQS message retention, seconds: longer than the largest job TTL (259200 s), as in AWS.
@@ -92,6 +92,8 @@ def create_resources(
                 {"AttributeName": "tenant", "AttributeType": "S"},
                 {"AttributeName": "queued_mark", "AttributeType": "S"},
                 {"AttributeName": "expires_epoch", "AttributeType": "N"},
+                {"AttributeName": "running_mark", "AttributeType": "S"},
+                {"AttributeName": "lease_expires_epoch", "AttributeType": "N"},
             ],
             KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
             GlobalSecondaryIndexes=[
@@ -108,6 +110,14 @@ def create_resources(
                     "KeySchema": [
                         {"AttributeName": "queued_mark", "KeyType": "HASH"},
                         {"AttributeName": "expires_epoch", "KeyType": "RANGE"},
+                    ],
+                    "Projection": {"ProjectionType": "KEYS_ONLY"},
+                },
+                {
+                    "IndexName": RUNNING_INDEX,
+                    "KeySchema": [
+                        {"AttributeName": "running_mark", "KeyType": "HASH"},
+                        {"AttributeName": "lease_expires_epoch", "KeyType": "RANGE"},
                     ],
                     "Projection": {"ProjectionType": "KEYS_ONLY"},
                 },

@@ -39,14 +39,12 @@ from asyncinfer.local.warm import WarmStarter, WorkerProcess, forkserver_availab
 from asyncinfer.models.registry import MODELS
 from asyncinfer.scaling.policy import ScalingConfig
 from asyncinfer.settings import Settings
-from asyncinfer.sweeper import expire_due
+from asyncinfer.sweeper import expire_due, take_back_lapsed
 
 log = logging.getLogger("asyncinfer.local")
 
 DLQ_HANDLER = "asyncinfer.dlq:lambda_handler"
 WEBHOOK_HANDLER = "asyncinfer.webhooks.dispatcher:lambda_handler"
-#: How often the expiry sweeper runs on the local stack, seconds.
-SWEEP_SECONDS = 5.0
 #: Seconds a worker gets between SIGTERM and SIGKILL when the stack stops.
 WORKER_STOP_SECONDS = 9.0
 
@@ -267,12 +265,14 @@ class LocalStack:
         return len(msgs)
 
     def _sweep_loop(self) -> None:
-        """The expiry sweeper, every few seconds (a scheduled Lambda in AWS)."""
-        while not self.stop_event.wait(SWEEP_SECONDS):
+        """The sweeper (expiry and lease takeover) every ``Settings.sweep_seconds`` (a scheduled
+        Lambda in AWS)."""
+        while not self.stop_event.wait(self.settings.sweep_seconds):
             try:
                 expire_due(self.settings)
+                take_back_lapsed(self.settings)
             except Exception:
-                log.exception("expiry sweep failed")
+                log.exception("sweep failed")
 
     def _dlq_loop(self) -> None:
         """Feed each dead-letter queue's messages to the DLQ Lambda handler as SQS events."""

@@ -2,16 +2,26 @@
 
 Per message (:class:`~asyncinfer.messages.JobMessage`):
 
-1. a job past ``expires_at`` becomes ``expired`` (event published), message acknowledged;
+1. a job past ``expires_at`` before its first attempt becomes ``expired`` (event published),
+   message acknowledged; a job that started before is not expired but submitted again;
 2. the input must be in S3 for SageMaker: ``input_ref`` as is, or the inline ``input`` written
    with :class:`~asyncinfer.payloads.PayloadStore` (``inputs/<tenant>/<job_id>.json``);
-3. ``queued -> running`` (attempts + 1, ``started_at``) through :meth:`JobStore.transition`; a
-   refused transition (cancelled, finished, already submitted) acknowledges the message;
-4. ``InvokeEndpointAsync`` with ``InputLocation`` = the input URI, ``InferenceId`` = job id,
+3. ``queued -> running`` (attempts + 1, ``started_at``, ``input_ref``, and a lease of
+   ``Settings.lease_interval``) through :meth:`JobStore.transition`. A refused transition
+   (cancelled, finished, already submitted) acknowledges the message, except for a job found
+   ``running`` whose lease lapsed (a bridge died between marking it running and invoking the
+   endpoint): it is taken back (:mod:`asyncinfer.leases`) and submitted again; one whose lease is
+   live and that was not invoked yet is retried later (another bridge may be invoking it);
+4. ``InvokeEndpointAsync`` with ``InputLocation`` = the input URI, ``InferenceId`` =
+   :func:`inference_id` (the job id and the attempt, so that a late notification of an earlier
+   attempt is told apart),
    ``RequestTTLSeconds`` = time left before ``expires_at`` and ``InvocationTimeoutSeconds`` =
    ``timeout_seconds``, both clamped to SageMaker's ranges (API reference,
    InvokeEndpointAsync: RequestTTLSeconds 60..21600, InvocationTimeoutSeconds 1..3600);
-5. the ``job.started`` event. If the call fails, the job goes back ``running -> queued`` and the
+5. the record gets the ``inference_id`` and a lease past the longest SageMaker may hold the
+   request (``RequestTTLSeconds`` + ``InvocationTimeoutSeconds`` + one lease interval): if no
+   notification comes by then, the sweeper takes the job back and sends its message again;
+6. the ``job.started`` event. If the call fails, the job goes back ``running -> queued`` and the
    message is reported as a batch item failure, so SQS redelivers it (and, after
    maxReceiveCount, moves it to the DLQ, whose handler fails the job).
 
@@ -23,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,10 +41,11 @@ from pydantic import ValidationError
 
 from asyncinfer import clients, lifecycle
 from asyncinfer.errors import ConfigError, TransitionRefused
+from asyncinfer.leases import take_back
 from asyncinfer.messages import JobMessage
 from asyncinfer.payloads import PayloadStore, dumps
 from asyncinfer.settings import Settings
-from asyncinfer.store import JobStore
+from asyncinfer.store import LEASE_FIELD, JobStore
 from asyncinfer.timeutil import iso, now, parse
 
 #: SageMaker InvokeEndpointAsync limits, seconds.
@@ -41,6 +53,23 @@ REQUEST_TTL_MIN, REQUEST_TTL_MAX = 60, 21_600
 INVOCATION_TIMEOUT_MIN, INVOCATION_TIMEOUT_MAX = 1, 3_600
 
 Publish = Callable[[dict[str, Any]], Any]
+#: Separates the job id and the attempt in an ``InferenceId`` (job ids never contain it).
+_ATTEMPT_SEP = ".a"
+
+
+def inference_id(job_id: str, attempt: int) -> str:
+    """The ``InferenceId`` of ``job_id``'s attempt ``attempt`` (``job_...a2``, at most 64
+    printable characters as InvokeEndpointAsync requires)."""
+    return f"{job_id}{_ATTEMPT_SEP}{attempt}"
+
+
+def parse_inference_id(value: str) -> tuple[str, int | None]:
+    """``(job_id, attempt)`` of an ``InferenceId``; ``attempt`` is ``None`` for a bare job id
+    (a request made before inference ids named the attempt)."""
+    job_id, sep, attempt = value.rpartition(_ATTEMPT_SEP)
+    if sep and attempt.isdigit():
+        return job_id, int(attempt)
+    return value, None
 
 
 def clamp(value: float, low: int, high: int) -> int:
@@ -131,38 +160,31 @@ class Bridge:
             return False
         current = now()
         ttl_left = (parse(msg.expires_at) - current).total_seconds()
-        if ttl_left <= 0:
-            self._expire(msg.job_id)
+        if ttl_left <= 0 and self._expire(msg.job_id):
             return True
         if msg.input_ref:
             input_uri = msg.input_ref
         else:
             input_uri = self.payloads.put_input(msg.tenant, msg.job_id, dumps(msg.input or {}))
-        try:
-            record = self.store.transition(
-                msg.job_id,
-                from_status=lifecycle.QUEUED,
-                to_status=lifecycle.RUNNING,
-                increment_attempts=True,
-                set_fields={"started_at": iso(current)},
-                remove_fields=("completed_at",),
-            )
-        except TransitionRefused as exc:
-            state = exc.current["status"] if exc.current else "missing"
-            self.log.info("job %s is %s: not submitted", msg.job_id, state)
-            return True
+        started = self._start(msg.job_id, input_uri, iso(current))
+        if not isinstance(started, dict):
+            return started  # True: nothing to submit (acknowledge); False: retry it later
+        record = started
+        request_ttl = clamp(ttl_left, REQUEST_TTL_MIN, REQUEST_TTL_MAX)
+        invocation_timeout = clamp(
+            msg.timeout_seconds, INVOCATION_TIMEOUT_MIN, INVOCATION_TIMEOUT_MAX
+        )
+        iid = inference_id(msg.job_id, record["attempts"])
         try:
             self.runtime.invoke_endpoint_async(
                 EndpointName=endpoint,
                 InputLocation=input_uri,
                 ContentType="application/json",
                 Accept="application/json",
-                InferenceId=msg.job_id,
+                InferenceId=iid,
                 CustomAttributes=f"job_id={msg.job_id};model={msg.model};attempt={record['attempts']}",
-                RequestTTLSeconds=clamp(ttl_left, REQUEST_TTL_MIN, REQUEST_TTL_MAX),
-                InvocationTimeoutSeconds=clamp(
-                    msg.timeout_seconds, INVOCATION_TIMEOUT_MIN, INVOCATION_TIMEOUT_MAX
-                ),
+                RequestTTLSeconds=request_ttl,
+                InvocationTimeoutSeconds=invocation_timeout,
             )
         except Exception:
             self.log.exception("InvokeEndpointAsync failed for job %s", msg.job_id)
@@ -174,13 +196,63 @@ class Bridge:
                     attempts=record["attempts"],
                 )
             return False
+        # The endpoint holds the request now: the lease lasts as long as SageMaker may take.
+        extended = self.store.update_fields(
+            msg.job_id,
+            status=lifecycle.RUNNING,
+            attempts=record["attempts"],
+            set_fields={
+                "inference_id": iid,
+                LEASE_FIELD: self.store.lease_until(
+                    request_ttl + invocation_timeout + self.settings.lease_interval
+                ),
+            },
+        )
+        if not extended:
+            # The job moved on while the call ran (its lease lapsed and the sweeper took it back,
+            # or the result came already): keep the message; its redelivery decides.
+            self.log.warning("job %s left attempt %s meanwhile", msg.job_id, record["attempts"])
+            return False
         self.log.info("job %s submitted to %s", msg.job_id, endpoint)
         if self.metrics is not None:
             self.metrics.add_metric(name="JobsSubmitted", unit="Count", value=1)
         self.publish(record)
         return True
 
-    def _expire(self, job_id: str) -> None:
+    def _start(self, job_id: str, input_uri: str, started_at: str) -> dict[str, Any] | bool:
+        """``queued -> running`` (step 3). Returns the running record; ``True`` when the message
+        needs no submit (acknowledge it); ``False`` when the job runs under a live lease but was
+        not invoked yet (another bridge may be invoking it: retry the message later)."""
+        for _ in range(2):
+            try:
+                return self.store.transition(
+                    job_id,
+                    from_status=lifecycle.QUEUED,
+                    to_status=lifecycle.RUNNING,
+                    increment_attempts=True,
+                    set_fields={"started_at": started_at, "input_ref": input_uri},
+                    remove_fields=("completed_at", "inference_id"),
+                )
+            except TransitionRefused as exc:
+                cur = exc.current
+            if cur is None or cur["status"] != lifecycle.RUNNING:
+                self.log.info("job %s is %s: not submitted", job_id, cur and cur["status"])
+                return True
+            back = take_back(self.store, cur, int(time.time()), self.settings)
+            if back is None:
+                if cur.get("inference_id"):  # submitted; this message is a duplicate
+                    self.log.info("job %s is running: not submitted again", job_id)
+                    return True
+                return False
+            self.log.warning("job %s: lost attempt %s taken back", job_id, cur.get("attempts"))
+            self.publish(back)
+            if back["status"] != lifecycle.QUEUED:
+                return True
+        return True
+
+    def _expire(self, job_id: str) -> bool:
+        """Expire a never started job; False when it was not (it started before, or moved on)."""
         record = self.store.expire(job_id)
         if record is not None:
             self.publish(record)
+        return record is not None

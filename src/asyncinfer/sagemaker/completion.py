@@ -6,6 +6,12 @@ A notification is a JSON document (SageMaker developer guide, "Check prediction 
 ``failureLocation``. Failure details appear at the top level in some notifications and under
 ``responseParameters`` in others; both are read.
 
+A notification belongs to one attempt: its ``inferenceId`` names the job and the attempt
+(:func:`~asyncinfer.sagemaker.bridge.inference_id`). It finishes the job only while the job is
+``running`` at that attempt, so a late result of attempt 1 (taken back by the sweeper after its
+lease lapsed, and submitted again) never finishes attempt 2. A bare job id (a request made before
+inference ids named the attempt) can only belong to attempt 1, and is applied only then.
+
 On success the output JSON is read from ``outputLocation``: at most 64 KB is stored inline
 (``output``), larger outputs stay where SageMaker wrote them (``output_ref``). The job goes
 ``running -> succeeded`` (or ``failed``) at the attempt that the record holds; a late or
@@ -21,6 +27,7 @@ from typing import Any
 from asyncinfer import lifecycle
 from asyncinfer.errors import TransitionRefused
 from asyncinfer.payloads import PayloadStore, dumps
+from asyncinfer.sagemaker.bridge import parse_inference_id
 from asyncinfer.settings import INLINE_OUTPUT_LIMIT_BYTES, Settings
 from asyncinfer.store import JobStore
 from asyncinfer.timeutil import iso, now, parse
@@ -110,13 +117,21 @@ class Completion:
 
     def handle_notification(self, note: Mapping[str, Any]) -> tuple[str, str]:
         """Apply one notification; returns ``(job_id, resulting status or 'ignored')``."""
-        job_id = str(note.get("inferenceId") or "")
+        job_id, attempt = parse_inference_id(str(note.get("inferenceId") or ""))
         if not job_id:
             self.log.warning("notification without inferenceId: %s", note)
             return "", "ignored"
         record = self.store.get(job_id)
         if record is None or record.get("status") != lifecycle.RUNNING:
             self.log.info("job %s is %s: notification ignored", job_id, record and record["status"])
+            return job_id, "ignored"
+        if (attempt or 1) != record.get("attempts"):
+            self.log.info(
+                "job %s runs attempt %s: notification of attempt %s ignored",
+                job_id,
+                record.get("attempts"),
+                attempt,
+            )
             return job_id, "ignored"
         fields: dict[str, Any] = {"completed_at": iso(now())}
         ok = str(note.get("invocationStatus", "")).lower() == "completed" and _field(
@@ -155,7 +170,7 @@ class Completion:
                 job_id,
                 from_status=lifecycle.RUNNING,
                 to_status=to,
-                attempts=record.get("attempts"),
+                attempts=attempt or 1,
                 set_fields=fields,
             )
         except TransitionRefused as exc:

@@ -7,8 +7,10 @@ admits jobs into a running batch) and hands each result back as soon as it has i
 
 Per job:
 
-1. parse each message; a job whose TTL passed while queued becomes ``expired``;
-2. ``queued -> running`` (attempts + 1), a conditional write; a cancelled or finished job is
+1. parse each message; a job whose TTL passed while queued for its first attempt becomes
+   ``expired`` (one that started before goes on to step 2: leases, issue 14);
+2. ``queued -> running`` (attempts + 1, and the job's lease, which the watcher's heartbeat renews;
+   :mod:`asyncinfer.leases`), a conditional write; a cancelled or finished job is
    skipped, a job found ``running`` (its last worker was lost: the message became visible again)
    goes ``running -> queued -> running`` so the lost worker's late writes are refused;
 3. publish ``job.started``; read the input (inline or S3) and validate it;
@@ -98,7 +100,7 @@ from asyncinfer.models.base import ModelHandler, Result, WorkItem
 from asyncinfer.models.registry import MODELS, ModelSpec
 from asyncinfer.payloads import PayloadStore, dumps
 from asyncinfer.settings import INLINE_OUTPUT_LIMIT_BYTES, Settings
-from asyncinfer.store import JobStore, Transition
+from asyncinfer.store import LEASE_FIELD, JobStore, Transition
 from asyncinfer.timeutil import iso, now, parse
 from asyncinfer.worker.inflight import Held, InFlight
 from asyncinfer.worker.metrics import emit_job_metrics
@@ -401,6 +403,7 @@ class Worker:
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.settings.heartbeat_interval
                     self._extend(self.inflight.snapshot())
+                    self._renew_leases(self.inflight.snapshot())  # leases (issue 14)
                 self._watch_once()
             except Exception:
                 log.exception("heartbeat failed")
@@ -425,6 +428,20 @@ class Worker:
         # others need a read.
         self._poll_cancels([h for h in running if h.job_id not in reported])
 
+    # --- leases (issue 14): the heartbeat renews the lease of every running job -------------
+    def _renew_leases(self, held: list[Held]) -> None:
+        """Move on the lease of the running jobs (:meth:`JobStore.renew_leases`). A refused
+        renewal means the job is no longer this worker's (the sweeper took it back after its
+        lease lapsed): it is stopped like a cancelled one, and its refused terminal write
+        releases its message (:meth:`_finished`)."""
+        running = [h for h in held if h.job_id and h.attempts is not None and not h.finished]
+        with self._lock:
+            refused = self.store.renew_leases([(h.job_id or "", h.attempts or 0) for h in running])
+        for h in running:
+            if h.job_id in refused:
+                h.cancel_event.set()
+
+    # --- end leases ---------------------------------------------------------------------------
     def _extend(self, held: list[Held]) -> None:
         """Extend the visibility timeout of every held message (ChangeMessageVisibilityBatch)."""
         self._change_visibility(held, self.settings.visibility_timeout_seconds)
@@ -506,7 +523,8 @@ class Worker:
                     to_status=lifecycle.RUNNING,
                     attempts=0,
                     increment_attempts=True,
-                    set_fields={"started_at": iso(now())},
+                    # leases (issue 14): the start takes the job's lease
+                    set_fields={"started_at": iso(now()), LEASE_FIELD: self.store.lease_until()},
                     remove_fields=_START_REMOVES,
                 )
                 batched.append((h, msg, start))
@@ -577,8 +595,9 @@ class Worker:
             self._release([held])
             return None
         held.job_id = msg.job_id
-        if parse(msg.expires_at) <= now():
-            self._expire(msg.job_id)
+        # leases (issue 14): only a job that never started expires; one handed back after it
+        # started (a lost attempt, a retry) goes on to the start, which decides from its record.
+        if parse(msg.expires_at) <= now() and self._expire(msg.job_id):
             self._delete_later(held)
             return None
         return msg
@@ -619,11 +638,13 @@ class Worker:
         self._running[msg.job_id] = (held, record)
         return item
 
-    def _expire(self, job_id: str) -> None:
+    def _expire(self, job_id: str) -> bool:
+        """Expire a queued, never started job; False when it was not (leases, issue 14)."""
         record = self.store.expire(job_id)
         if record is not None:
             log.info("job %s expired", job_id)
             self.events.publish(record)
+        return record is not None
 
     def _mark_running(
         self,
@@ -808,6 +829,11 @@ class Worker:
         if isinstance(outcome, TransitionRefused):
             if not t.shows_applied(outcome.current):
                 log.warning("%s", outcome)
+                # leases (issue 14): taken back to queued after its lease lapsed: the next
+                # attempt needs this message.
+                if outcome.current and outcome.current.get("status") == lifecycle.QUEUED:
+                    self._release([f.held])
+                    return
                 self._delete_later(f.held)
                 return
             new = outcome.current  # our own write, answered late
