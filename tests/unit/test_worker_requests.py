@@ -14,7 +14,8 @@ import pytest
 
 from asyncinfer.settings import Settings
 from asyncinfer.store import JobStore
-from asyncinfer.worker import runner
+from asyncinfer.worker import held as held_module
+from asyncinfer.worker import watcher
 from asyncinfer.worker.inflight import Held
 from asyncinfer.worker.runner import Worker, quiet_webhook
 from tests.unit.helpers import count_calls, new_job
@@ -180,7 +181,7 @@ def test_pending_terminal_writes_wait_for_a_take_at_most_a_while(
     assert worker.store.get(IDS[0])["status"] == "running"  # type: ignore[index]
     worker._watch_once()  # not long enough yet
     assert worker.store.get(IDS[0])["status"] == "running"  # type: ignore[index]
-    monkeypatch.setattr(runner, "PENDING_FLUSH_SECONDS", 0.0)
+    monkeypatch.setattr(watcher, "PENDING_FLUSH_SECONDS", 0.0)
     worker._watch_once()
     assert worker.store.get(IDS[0])["status"] == "succeeded"  # type: ignore[index]
     assert worker._to_delete == [h]
@@ -216,11 +217,11 @@ def test_deletes_wait_for_company_while_jobs_run(
     worker.take(1, timeout=0)
     worker._watch_once()
     assert in_flight(worker) == 1 and len(worker.inflight) == 1
-    monkeypatch.setattr(runner, "DELETE_FLUSH_SECONDS", 0.0)
+    monkeypatch.setattr(held_module, "DELETE_FLUSH_SECONDS", 0.0)
     worker._watch_once()
     assert in_flight(worker) == 0 and len(worker.inflight) == 0
 
-    monkeypatch.setattr(runner, "DELETE_FLUSH_SECONDS", 60.0)
+    monkeypatch.setattr(held_module, "DELETE_FLUSH_SECONDS", 60.0)
     h = received(worker)
     worker._delete_later(h)
     worker.take(1, timeout=0)
