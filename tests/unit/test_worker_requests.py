@@ -117,8 +117,7 @@ class StubSqs:
 
 
 def poll_briefly(worker: Worker, seconds: float = 0.3) -> None:
-    url = worker.queues["normal"]
-    t = threading.Thread(target=worker._poll_loop, args=("normal", url), daemon=True)
+    t = threading.Thread(target=worker.intake.loop, daemon=True)
     t.start()
     t.join(timeout=seconds)
     worker.stop_event.set()
@@ -146,12 +145,17 @@ def test_a_full_worker_does_not_receive_while_its_inbox_holds_messages(
     worker.inboxes["normal"].put(held("c", age=0))
     poll_briefly(worker)
     assert stub.calls == []
-    # With its inbox empty it receives again, full or not: the priority rule needs the
-    # messages of every class in hand when a slot frees.
+    # Issue 18: with its inbox empty but its slots full it still receives nothing (a message
+    # it cannot start stays in the queue for other workers)...
     worker.inboxes["normal"].get_nowait()
     worker.stop_event.clear()
     poll_briefly(worker)
-    assert stub.calls
+    assert stub.calls == []
+    # ...and once a slot frees it receives, no more than that slot.
+    del worker._running["b"]
+    worker.stop_event.clear()
+    poll_briefly(worker)
+    assert stub.calls and all(c["MaxNumberOfMessages"] == 1 for c in stub.calls)
 
 
 def test_quiet_webhook() -> None:

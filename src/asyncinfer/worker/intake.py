@@ -1,10 +1,28 @@
-"""The worker's intake: one long-polling thread per priority class (high, normal, low) with its
-own queue, the inboxes of received messages not yet started, and the priority rule by which
-the next one is taken.
+"""The worker's intake: receive from SQS only as many messages as the worker can start now,
+from the priority classes (high, normal, low) that have their own queue, and hand them to the
+next take.
 
-Priorities: admission is by strict priority, except that every fifth admission while a higher
-class has backlog goes to a lower class (normal and low in turn), so lower classes get at least
-a fifth of the slots and are never starved.
+Receive by capacity. The worker's capacity is the number of jobs its handler runs at once (its
+free batch slots for a handler that runs a batch as one step; one for a handler that runs items
+one at a time: :attr:`~asyncinfer.models.base.ModelHandler.batching`). One intake thread
+receives while the worker has room (capacity less the jobs running and the messages in hand),
+never more than that room: a message the worker could not start stays in the queue, visible to
+every other worker (a busy worker reserving messages that an idle one could run is the prefetch
+problem of Celery's ``worker_prefetch_multiplier``). The messages in hand wait at most for the
+gather window of the next take; their visibility is extended like the running jobs' and they are
+released when the worker stops.
+
+Polling. With one class, a long poll of ``receive_wait_seconds`` (SQS ReceiveMessage
+WaitTimeSeconds). With several: a sweep of short receives (WaitTimeSeconds 0) over the classes
+in priority order, up to the room; when a sweep finds nothing, long polls of
+:data:`SWEEP_WAIT_SECONDS` on one class after another until one brings messages, then sweeps
+again. (An SQS receive reads one queue; parallel long polls on every class would receive up to
+the room from each, more than the worker can start.)
+
+Priorities: a sweep receives from the highest class first, except that every fifth sweep starts
+with a lower class (normal and low in turn), so while a higher class has backlog the lower
+classes still get at least one receive in five (one job in five for a one-at-a-time handler)
+and are never starved.
 """
 
 from __future__ import annotations
@@ -14,6 +32,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from asyncinfer.worker.held import HeldMessages
 from asyncinfer.worker.inflight import Held
@@ -22,17 +41,21 @@ log = logging.getLogger("asyncinfer.worker")
 
 #: The priority classes, highest first.
 CLASSES = ("high", "normal", "low")
+#: With several classes, the long poll of one class while every class is empty, seconds: a job
+#: of another class that arrives meanwhile waits at most about this long times the classes.
+SWEEP_WAIT_SECONDS = 2
+#: Most messages of one SQS ReceiveMessage call.
+SQS_RECEIVE_MAX = 10
 
 
 class Intake:
-    """Receives messages for one worker and hands them out by priority.
+    """Receives messages for one worker, up to its room, and hands them out by priority.
 
     Args:
         held: the held messages (the SQS client, and where a received message is held).
         queues: ``{priority: queue URL}``, highest class first.
-        room: how many more jobs the worker could start now (free slots less the messages in
-            hand).
-        busy: whether jobs are running now.
+        capacity: most jobs the worker runs at once.
+        running: how many jobs run now (taken, not finished).
         stop_event: set when the worker takes no more work.
         receive_max: most messages a receive asks for (at most 10, the SQS limit).
         receive_wait_seconds: the long poll's wait, seconds.
@@ -40,7 +63,7 @@ class Intake:
         stop_release_delay: how long a message received after the stop stays hidden, seconds.
     """
 
-    #: One admission in this many goes to a lower class while a higher class has backlog.
+    #: One sweep in this many starts with a lower class.
     LOWER_CLASS_EVERY = 5
 
     def __init__(
@@ -48,8 +71,8 @@ class Intake:
         held: HeldMessages,
         queues: dict[str, str],
         *,
-        room: Callable[[], int],
-        busy: Callable[[], bool],
+        capacity: int,
+        running: Callable[[], int],
         stop_event: threading.Event,
         receive_max: int,
         receive_wait_seconds: int,
@@ -58,8 +81,8 @@ class Intake:
     ) -> None:
         self.held = held
         self.queues = queues
-        self.room = room
-        self.busy = busy
+        self.capacity = capacity
+        self.running = running
         self.stop_event = stop_event
         self.receive_max = receive_max
         self.receive_wait_seconds = receive_wait_seconds
@@ -67,82 +90,117 @@ class Intake:
         self.stop_release_delay = stop_release_delay
         self.inboxes: dict[str, queue.Queue[Held]] = {p: queue.Queue() for p in queues}
         self.arrived = threading.Condition()
-        self._admitted = 0
+        self._sweeps = 0  # sweeps so far (every fifth starts with a lower class)
         self._lower_turn = 0
-        self._threads: list[threading.Thread] = []
+        self._idle_turn = 0
+        self._thread: threading.Thread | None = None
 
-    # ------------------------------------------------------------------ threads
+    # ------------------------------------------------------------------ room
+    def room(self) -> int:
+        """How many more messages the worker may receive now: capacity less the jobs running
+        and the messages in hand."""
+        return self.capacity - self.running() - self.backlog()
+
+    def backlog(self) -> int:
+        """Messages received and not yet taken."""
+        return sum(q.qsize() for q in self.inboxes.values())
+
+    # ------------------------------------------------------------------ the thread
     def start(self) -> None:
-        """Start one poller thread per class."""
-        self._threads = [
-            threading.Thread(
-                target=self.poll_loop, args=(priority, url), name=f"poll-{priority}", daemon=True
-            )
-            for priority, url in self.queues.items()
-        ]
-        for t in self._threads:
-            t.start()
+        """Start the intake thread."""
+        self._thread = threading.Thread(target=self.loop, name="intake", daemon=True)
+        self._thread.start()
 
     def join(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for the pollers (a long poll in flight may still
+        """Wait up to ``timeout`` seconds for the intake thread (a long poll in flight may still
         return messages: they are released with the rest)."""
-        deadline = time.monotonic() + timeout
-        for t in self._threads:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
 
     def wake(self) -> None:
         """Wake whoever waits for messages (the stop)."""
         with self.arrived:
             self.arrived.notify_all()
 
-    def poll_loop(self, priority: str, url: str) -> None:
-        """Receive messages of one class until the stop."""
-        inbox = self.inboxes[priority]
+    def loop(self) -> None:
+        """Receive until the stop, never more than the room."""
+        swept_empty = False
         while not self.stop_event.is_set():
-            most = self.receive_max
-            # Receive while there is room for more jobs; a class whose inbox is empty receives
-            # anyway, so that the priority rule has its messages in hand when a slot frees.
-            if inbox.qsize() and self.room() <= 0:
+            room = self.room()
+            if room <= 0:
                 time.sleep(0.01)
                 continue
             try:
-                resp = self.held.sqs.receive_message(
-                    QueueUrl=url,
-                    MaxNumberOfMessages=most,
-                    WaitTimeSeconds=self.receive_wait_seconds,
-                    MessageSystemAttributeNames=["ApproximateReceiveCount"],
-                )
+                if len(self.queues) == 1:
+                    (url,) = self.queues.values()
+                    got = self._receive(url, room, self.receive_wait_seconds)
+                elif swept_empty:
+                    order = list(self.queues)
+                    url = self.queues[order[self._idle_turn % len(order)]]
+                    self._idle_turn += 1
+                    wait = min(self.receive_wait_seconds, SWEEP_WAIT_SECONDS)
+                    got = self._receive(url, room, wait)
+                else:
+                    got = self._sweep(room)
+                swept_empty = got == 0
             except Exception:
                 if self.stop_event.is_set():
                     return
                 log.exception("receive failed; retrying in 1s")
                 time.sleep(1)
                 continue
-            messages = resp.get("Messages", [])
-            for m in messages:
-                held = Held(
-                    message_id=m["MessageId"],
-                    receipt=m["ReceiptHandle"],
-                    body=m["Body"],
-                    queue_url=url,
-                    receive_count=int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1)),
-                )
-                self.held.hold(held)
-                if self.stop_event.is_set():
-                    self.held.release([held], delay=self.stop_release_delay)
-                else:
-                    inbox.put(held)
             self.wake()
-            if messages and len(messages) < most and self.busy():
+            if got and got < min(room, self.receive_max) and self.running():
                 # Messages are coming in one by one while jobs run: let a few more arrive, so
                 # that the next receive (and the start of what it brings) is fuller.
                 self.stop_event.wait(self.max_wait_seconds)
 
-    # ------------------------------------------------------------------ taking
-    def backlog(self) -> int:
-        """Messages received and not yet taken."""
-        return sum(q.qsize() for q in self.inboxes.values())
+    def _sweep(self, room: int) -> int:
+        """Short receives over the classes by the priority rule, up to ``room`` in all: highest
+        class first, except that every fifth sweep starts with a lower class (normal and low in
+        turn)."""
+        classes = [p for p in CLASSES if p in self.queues]
+        self._sweeps += 1
+        if len(classes) > 1 and self._sweeps % self.LOWER_CLASS_EVERY == 0:
+            lower = classes[1:]
+            turn = self._lower_turn % len(lower)
+            self._lower_turn += 1
+            classes = lower[turn:] + lower[:turn] + classes[:1]
+        got = 0
+        for p in classes:
+            if got >= room or self.stop_event.is_set():
+                break
+            got += self._receive(self.queues[p], room - got, 0)
+        return got
 
+    def _receive(self, url: str, most: int, wait: int) -> int:
+        """One ReceiveMessage call for up to ``most`` (and ``receive_max``) messages: each is
+        held and put in its class's inbox (released at once, hidden for one receive wait, when
+        the worker stopped meanwhile). Returns how many came."""
+        priority = next(p for p, u in self.queues.items() if u == url)
+        resp: dict[str, Any] = self.held.sqs.receive_message(
+            QueueUrl=url,
+            MaxNumberOfMessages=max(1, min(most, self.receive_max)),
+            WaitTimeSeconds=wait,
+            MessageSystemAttributeNames=["ApproximateReceiveCount"],
+        )
+        messages = resp.get("Messages", [])
+        for m in messages:
+            held = Held(
+                message_id=m["MessageId"],
+                receipt=m["ReceiptHandle"],
+                body=m["Body"],
+                queue_url=url,
+                receive_count=int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1)),
+            )
+            self.held.hold(held)
+            if self.stop_event.is_set():
+                self.held.release([held], delay=self.stop_release_delay)
+            else:
+                self.inboxes[priority].put(held)
+        return len(messages)
+
+    # ------------------------------------------------------------------ taking
     def wait(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for a message in hand (or the stop)."""
         deadline = time.monotonic() + timeout
@@ -154,13 +212,15 @@ class Intake:
                 self.arrived.wait(left)
 
     def take(self, max_items: int, gather_seconds: float) -> list[Held]:
-        """Up to ``max_items`` messages in hand by the priority rule, after waiting up to
-        ``gather_seconds`` for that many to arrive."""
+        """Up to ``max_items`` messages in hand, highest class first, after waiting up to
+        ``gather_seconds`` for that many to arrive (the gather window of a batch)."""
         held: list[Held] = []
         if not self.backlog() or self.stop_event.is_set():
             return held
         gather_until = time.monotonic() + gather_seconds
         while self.backlog() < max_items and time.monotonic() < gather_until:
+            if self.room() <= 0:
+                break  # no more can come: the worker is full
             time.sleep(0.005)
         while len(held) < max_items and not self.stop_event.is_set():
             h = self.next_held()
@@ -170,21 +230,16 @@ class Intake:
         return held
 
     def next_held(self) -> Held | None:
-        """The next message by the priority rule (see the module docstring)."""
-        order = [p for p in CLASSES if p in self.inboxes]
-        waiting = [p for p in order if self.inboxes[p].qsize()]
-        if not waiting:
-            return None
-        pick = waiting[0]
-        lower = waiting[1:]
-        self._admitted += 1
-        if lower and self._admitted % self.LOWER_CLASS_EVERY == 0:
-            pick = lower[self._lower_turn % len(lower)]
-            self._lower_turn += 1
-        try:
-            return self.inboxes[pick].get_nowait()
-        except queue.Empty:
-            return None
+        """The next message in hand, highest class first (the share of the lower classes was
+        given when they were received)."""
+        for p in CLASSES:
+            inbox = self.inboxes.get(p)
+            if inbox is not None:
+                try:
+                    return inbox.get_nowait()
+                except queue.Empty:
+                    continue
+        return None
 
     def drain(self) -> list[Held]:
         """Empty the inboxes: the messages received and never taken."""

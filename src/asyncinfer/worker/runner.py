@@ -40,9 +40,11 @@ TransactWriteItems call returns no items, so the worker knows each record from w
 
 A lone terminal write with nothing to start goes out at once (UpdateItem). Transactional writes
 consume twice the write capacity of plain ones: the cut is in requests, not in write units.
-Messages are received 10 at a time (fewer for a worker that runs fewer jobs at once), only
-while the worker has room for more jobs (or its inbox of that class is empty), and after a short
-receive while jobs run the poller waits ``max_wait_ms`` so that the next one comes back fuller.
+Messages are received 10 at a time at most and never more than the worker can start now (its
+capacity less the jobs running and the messages in hand: :mod:`~asyncinfer.worker.intake`), so a
+job becomes ``running`` (``started_at``, ``job.started``, attempts + 1) when its handler takes
+it, not when its message arrives; after a short receive while jobs run the intake waits
+``max_wait_ms`` so that the next one comes back fuller.
 Finished messages are deleted 10 at a time, or once the oldest has waited
 :data:`~asyncinfer.worker.held.DELETE_FLUSH_SECONDS`, or at once when the worker has no job in
 progress (held messages keep it busy and count as load for scaling).
@@ -50,7 +52,7 @@ progress (held messages keep it busy and count as load for scaling).
 The parts, each an object with a narrow interface that the :class:`Worker` composes (none of
 them imports another's module except for types, and ``outcomes`` none at all):
 
-* :mod:`~asyncinfer.worker.intake`: the pollers, the inboxes and the priority rule;
+* :mod:`~asyncinfer.worker.intake`: receive by capacity, the inboxes and the priority rule;
 * :mod:`~asyncinfer.worker.held`: the held messages: visibility, releases, batched deletes;
 * :mod:`~asyncinfer.worker.journal`: pending terminal writes, buffered events, requeues;
 * :mod:`~asyncinfer.worker.starts`: steps 1-3, and the recovery of lost attempts;
@@ -157,14 +159,16 @@ class Worker:
             visibility_timeout_seconds=settings.visibility_timeout_seconds,
             on_terminal=emit_job_metrics if settings.compute else None,
         )
+        #: Most jobs running at once: ``max_batch_size`` for a handler that runs a batch as one
+        #: step, 1 for one that runs items one at a time (set from the handler by :meth:`run`).
+        self.capacity = self.max_batch_size
         self.intake = Intake(
             self.held,
             self.queues,
-            room=self._room,
-            busy=lambda: bool(self._running),
+            capacity=self.capacity,
+            running=lambda: len(self._running),
             stop_event=self.stop_event,
-            # 10 a call at most (SQS ReceiveMessage); fewer for a worker that runs fewer at once.
-            receive_max=max(1, min(10, settings.receive_max_messages, self.max_batch_size)),
+            receive_max=self._receive_max(),
             receive_wait_seconds=settings.receive_wait_seconds,
             max_wait_seconds=self.max_wait_seconds,
             stop_release_delay=self._stop_release_delay(),
@@ -210,9 +214,6 @@ class Worker:
     def _watch_once(self) -> None:
         self.watcher.watch_once()
 
-    def _poll_loop(self, priority: str, url: str) -> None:
-        self.intake.poll_loop(priority, url)
-
     def _delete_later(self, held: Held) -> None:
         self.held.delete_later(held)
 
@@ -255,11 +256,19 @@ class Worker:
         self.max_jobs = max_jobs
         self.load()
         assert self.handler is not None
+        self.capacity = self.handler.capacity(self.max_batch_size)
+        self.intake.capacity = self.capacity
+        self.intake.receive_max = self._receive_max()
         self.intake.start()
         self.watcher.start()
-        log.info("worker ready: model=%s queues=%s", self.spec.id, ",".join(self.queues))
+        log.info(
+            "worker ready: model=%s queues=%s capacity=%d",
+            self.spec.id,
+            ",".join(self.queues),
+            self.capacity,
+        )
         try:
-            self.handler.serve(self, self.max_batch_size)
+            self.handler.serve(self, self.capacity)
         finally:
             self.stop_event.set()
             self.journal.flush()  # terminal writes still waiting for a take, and their events
@@ -321,9 +330,10 @@ class Worker:
         held.finished = True  # no more heartbeat-time progress writes or cancel reads for it
         self._conclude(held, record, result)
 
-    def _room(self) -> int:
-        """How many more jobs the worker could start now."""
-        return self.max_batch_size - len(self._running) - self.intake.backlog()
+    def _receive_max(self) -> int:
+        """Most messages one receive asks for: 10 (SQS ReceiveMessage), fewer for a worker that
+        runs fewer at once."""
+        return max(1, min(10, self.settings.receive_max_messages, self.capacity))
 
     # ------------------------------------------------------------------ finishing jobs
     def _conclude(self, held: Held, record: dict[str, Any], result: Result) -> None:
