@@ -140,7 +140,12 @@ def test_the_intake_receives_only_what_the_worker_can_start(capacity: int) -> No
         assert intake.backlog() == capacity and len(sqs.waiting) == 8 - capacity
         # The handler takes them all: they run, and the worker is full.
         taken = intake.take(capacity, gather_seconds=0)
+        # While their starts are being written they are neither in hand nor running: they
+        # still count, or the intake would receive one more for each.
+        time.sleep(0.3)
+        assert len(sqs.waiting) == 8 - capacity, "received while the take was starting jobs"
         running[0] = len(taken)
+        intake.started(len(taken))
         time.sleep(0.3)
         assert len(sqs.waiting) == 8 - capacity, "a full worker received more"
         # One finishes: exactly one more is received.

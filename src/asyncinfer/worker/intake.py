@@ -90,6 +90,9 @@ class Intake:
         self.stop_release_delay = stop_release_delay
         self.inboxes: dict[str, queue.Queue[Held]] = {p: queue.Queue() for p in queues}
         self.arrived = threading.Condition()
+        #: Messages taken out of the inboxes whose starts are being written: they count against
+        #: the room until :meth:`started` (or the intake would receive one more for each).
+        self.starting = 0
         self._sweeps = 0  # sweeps so far (every fifth starts with a lower class)
         self._lower_turn = 0
         self._idle_turn = 0
@@ -99,7 +102,7 @@ class Intake:
     def room(self) -> int:
         """How many more messages the worker may receive now: capacity less the jobs running
         and the messages in hand."""
-        return self.capacity - self.running() - self.backlog()
+        return self.capacity - self.running() - self.backlog() - self.starting
 
     def backlog(self) -> int:
         """Messages received and not yet taken."""
@@ -213,7 +216,8 @@ class Intake:
 
     def take(self, max_items: int, gather_seconds: float) -> list[Held]:
         """Up to ``max_items`` messages in hand, highest class first, after waiting up to
-        ``gather_seconds`` for that many to arrive (the gather window of a batch)."""
+        ``gather_seconds`` for that many to arrive (the gather window of a batch). They count
+        as starting until :meth:`started` is called with their number."""
         held: list[Held] = []
         if not self.backlog() or self.stop_event.is_set():
             return held
@@ -226,8 +230,14 @@ class Intake:
             h = self.next_held()
             if h is None:
                 break
+            self.starting += 1
             held.append(h)
         return held
+
+    def started(self, n: int) -> None:
+        """``n`` messages of the last :meth:`take` are started (counted as running), deleted or
+        released: they no longer count as starting."""
+        self.starting -= n
 
     def next_held(self) -> Held | None:
         """The next message in hand, highest class first (the share of the lower classes was

@@ -304,18 +304,21 @@ class Worker:
         # A short wait lets a burst arrive as one batch; a handler that asks without waiting
         # (timeout 0: continuous batching between decoding steps) takes what is there.
         held = self.intake.take(max_items, self.max_wait_seconds if timeout > 0 else 0.0)
-        if held:
-            self.protection.set(busy=True)
-        items: list[WorkItem] = []
-        # With the pending terminal writes, even for no starts.
-        for s in self.starter.start_many(held, self._running):
-            if s.item is None:
-                assert s.error is not None
-                s.held.finished = True  # its input was refused: the job ends with that error
-                self._conclude(s.held, s.record, s.error)
-                continue
-            self._running[s.item.job_id] = (s.held, s.record)
-            items.append(s.item)
+        try:
+            if held:
+                self.protection.set(busy=True)
+            items: list[WorkItem] = []
+            # With the pending terminal writes, even for no starts.
+            for s in self.starter.start_many(held, self._running):
+                if s.item is None:
+                    assert s.error is not None
+                    s.held.finished = True  # its input was refused: the job ends with that error
+                    self._conclude(s.held, s.record, s.error)
+                    continue
+                self._running[s.item.job_id] = (s.held, s.record)
+                items.append(s.item)
+        finally:
+            self.intake.started(len(held))  # counted as running now, or deleted or released
         self.held.flush_deletes_due()
         self.jobs_done += len(items)
         if self.max_jobs is not None and self.jobs_done >= self.max_jobs:
