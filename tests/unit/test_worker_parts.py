@@ -232,3 +232,51 @@ def test_echo_one_at_a_time_by_setting(clean_env: pytest.MonkeyPatch) -> None:
     apply_env(clean_env, {"ASYNCINFER_ECHO_BATCHING": "0"})
     handler = MODELS["echo"].load_handler()
     assert not handler.batching and handler.capacity(10) == 1
+
+
+class FlakyEvents:
+    """Refuses every event of the jobs in ``down``; records what went out, in order."""
+
+    def __init__(self) -> None:
+        self.down: set[str] = set()
+        self.out: list[str] = []
+
+    def publish_many(self, records: list[dict[str, Any]]) -> None:
+        if any(r["job_id"] in self.down for r in records):
+            raise RuntimeError("SNS refused an entry")
+        self.out += [f"{r['job_id']} {r['status']}" for r in records]
+
+    def publish(self, record: dict[str, Any]) -> None:
+        self.publish_many([record])
+
+
+def test_an_event_that_fails_keeps_its_message_and_its_jobs_later_events() -> None:
+    """Issue 14.6: a message is deleted only once its job's event is out; a job's events keep
+    their order across the retry; other jobs' events are not held back."""
+    log = Log()
+    lock = threading.RLock()
+    held = HeldMessages(StubSqsDeletes(log), lock=lock)
+    events = FlakyEvents()
+    journal = Journal(
+        StubStore(log),  # type: ignore[arg-type]
+        events,  # type: ignore[arg-type]
+        held,
+        lock=lock,
+        visibility_timeout_seconds=30,
+    )
+    a = Held(message_id="a", receipt="a", body="{}", queue_url="q")
+    b = Held(message_id="b", receipt="b", body="{}", queue_url="q")
+    events.down = {"A"}
+    journal.event({"job_id": "A", "status": "running"})
+    journal.event({"job_id": "B", "status": "succeeded"}, then_delete=b)
+    journal.event({"job_id": "A", "status": "succeeded"}, then_delete=a)
+    journal.publish()
+    assert events.out == ["B succeeded"]
+    assert held.to_delete == [b]  # a's event is not out: a is kept
+    assert journal.retrying
+    journal.publish()  # within the pause after a failure: no new try
+    assert events.out == ["B succeeded"]
+    events.down = set()
+    journal.publish(force=True)
+    assert events.out == ["B succeeded", "A running", "A succeeded"]
+    assert held.to_delete == [b, a] and not journal.retrying

@@ -26,6 +26,12 @@ from asyncinfer.worker.inflight import Held
 
 log = logging.getLogger("asyncinfer.worker")
 
+#: After a failed publish, the buffered events are tried again at most this often, seconds.
+PUBLISH_RETRY_SECONDS = 1.0
+
+#: A buffered event: the record, and the message to delete once the event is out (or ``None``).
+Entry = tuple[dict[str, Any], Held | None]
+
 
 @dataclass
 class Finished:
@@ -71,7 +77,9 @@ class Journal:
         # no append.
         self.pending: list[Finished] = []
         self.pending_since = 0.0
-        self.events: list[dict[str, Any]] = []
+        #: Buffered events, each with the message to delete once it is out (or ``None``).
+        self.events: list[Entry] = []
+        self._retry_after = 0.0  # after a failed publish, no new try before this (monotonic)
 
     # ------------------------------------------------------------------ queueing
     def add(self, finished: Finished) -> None:
@@ -81,9 +89,10 @@ class Journal:
             self.pending_since = time.monotonic()
         self.pending.append(finished)
 
-    def event(self, record: dict[str, Any]) -> None:
-        """Buffer the event of ``record`` (published with the next batch of events)."""
-        self.events.append(record)
+    def event(self, record: dict[str, Any], *, then_delete: Held | None = None) -> None:
+        """Buffer the event of ``record`` (published with the next batch of events); its
+        message ``then_delete`` is queued for deletion only once the event is out."""
+        self.events.append((record, then_delete))
 
     def pending_ids(self) -> set[str]:
         """The job ids whose terminal write is pending."""
@@ -92,6 +101,11 @@ class Journal:
     def pending_age(self) -> float:
         """How long the oldest pending terminal write has waited, seconds (0 with none)."""
         return time.monotonic() - self.pending_since if self.pending else 0.0
+
+    @property
+    def retrying(self) -> bool:
+        """Events kept by a failed publish wait for another try."""
+        return self._retry_after > 0 and bool(self.events)
 
     @property
     def idle(self) -> bool:
@@ -144,40 +158,76 @@ class Journal:
         if new is None:
             new = t.applied_to(f.before)
         log.info("job %s %s", t.job_id, new["status"])
-        self.events.append(new)  # published before the message is deleted
         if self.on_terminal is not None:
             self.on_terminal(new)
-        self.held.delete_later(f.held)
+        self.event(new, then_delete=f.held)  # the message is deleted once the event is out
 
-    def flush(self) -> None:
-        """Write the pending terminal records and publish the buffered events."""
+    def flush(self, *, force: bool = False) -> None:
+        """Write the pending terminal records and publish the buffered events (``force``: even
+        within the pause after a failed publish; the worker is stopping)."""
         if self.idle:
             return
         with self.lock:
             if self.pending:
                 self.write_pending([])
-            self.publish()
+            self.publish(force=force)
 
-    def publish(self) -> None:
-        """Publish the buffered job events in order (PublishBatch, 10 a call); on a failure,
-        one by one, and an event that still fails is logged as lost."""
-        if not self.events:
+    def publish(self, *, force: bool = False) -> None:
+        """Publish the buffered job events in order (PublishBatch, 10 a call), then queue the
+        deletion of the messages that waited for them (issue 14: an event is never lost to a
+        deleted message). On a failure, one by one; an event that still fails stays buffered,
+        with every later event of its job, and its message stays held (the heartbeat keeps it
+        hidden) until a later try, at most every :data:`PUBLISH_RETRY_SECONDS`, gets it out. A
+        worker that dies meanwhile leaves the message to come back: its next delivery finds
+        the job terminal and publishes the event again."""
+        if not self.events or (not force and time.monotonic() < self._retry_after):
             return
         with self.lock:
             events, self.events = self.events, []
             if not events:
                 return
+            out: list[Entry]
+            kept: list[Entry]
             try:
-                self.publisher.publish_many(events)
+                self.publisher.publish_many([record for record, _ in events])
+                out, kept = events, []
             except Exception:
                 log.exception(
                     "could not publish %d job events; retrying them one by one", len(events)
                 )
-                for record in events:
-                    try:
-                        self.publisher.publish(record)
-                    except Exception:
-                        log.exception("job event lost: %s %s", record["job_id"], record["status"])
+                out, kept = self._publish_one_by_one(events)
+            if kept:
+                log.error(
+                    "%d job events not published; their messages are kept until they are out",
+                    len(kept),
+                )
+                self._retry_after = time.monotonic() + PUBLISH_RETRY_SECONDS
+                self.events[:0] = kept  # ahead of what came meanwhile: each job's order holds
+            else:
+                self._retry_after = 0.0
+            for _, held in out:
+                if held is not None:
+                    self.held.delete_later(held)
+
+    def _publish_one_by_one(self, events: list[Entry]) -> tuple[list[Entry], list[Entry]]:
+        """Publish ``events`` one at a time: ``(published, kept)``. After a job's event fails,
+        its later events are kept too, untried (a job's events go out in order)."""
+        out: list[Entry] = []
+        kept: list[Entry] = []
+        failed_jobs: set[str] = set()
+        for entry in events:
+            record = entry[0]
+            if record["job_id"] not in failed_jobs:
+                try:
+                    self.publisher.publish(record)
+                except Exception:
+                    log.exception("could not publish %s %s", record["job_id"], record["status"])
+                else:
+                    out.append(entry)
+                    continue
+            failed_jobs.add(record["job_id"])
+            kept.append(entry)
+        return out, kept
 
     def requeue(self, held: Held, job_id: str, attempts: int, *, delay: float) -> None:
         """``running -> queued`` at this attempt, publish ``job.queued``, then make the message

@@ -271,7 +271,9 @@ class Worker:
             self.handler.serve(self, self.capacity)
         finally:
             self.stop_event.set()
-            self.journal.flush()  # terminal writes still waiting for a take, and their events
+            # Terminal writes still waiting for a take, and their events (a message whose event
+            # does not go out is left to come back; its redelivery publishes the event again).
+            self.journal.flush(force=True)
             self.held.flush_deletes()
             # A long poll in flight may still return messages: wait for it, so that they are
             # released now rather than left invisible until their visibility timeout.

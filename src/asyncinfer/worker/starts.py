@@ -39,6 +39,8 @@ log = logging.getLogger("asyncinfer.worker")
 
 #: What a start removes: a lost attempt's leftovers.
 START_REMOVES = ("completed_at", "progress_tokens", "output")
+#: Terminal statuses a worker writes, whose event a redelivery publishes again.
+REPUBLISHED = (lifecycle.SUCCEEDED, lifecycle.FAILED, lifecycle.CANCELLED)
 
 
 def start_transition(job_id: str, *, attempts: int | None, started_at: str) -> Transition:
@@ -148,6 +150,7 @@ class Starter:
                 try:
                     record = self.mark_running(
                         msg.job_id,
+                        h,
                         redelivered=h.receive_count > 1,
                         refused=outcome if isinstance(outcome, TransitionRefused) else None,
                         started_at=started_at,
@@ -156,9 +159,7 @@ class Starter:
                     log.exception("could not start the job of message %s", h.message_id)
                     self.held.release([h], delay=self.retry_delay_seconds)
                     continue
-                if record is None:
-                    self.held.delete_later(h)
-                else:
+                if record is not None:
                     marked.append((h, msg, record))
             for h, _, record in marked:
                 h.attempts = record["attempts"]
@@ -237,13 +238,15 @@ class Starter:
     def mark_running(
         self,
         job_id: str,
+        held: Held,
         *,
         redelivered: bool = False,
         refused: TransitionRefused | None = None,
         started_at: str | None = None,
     ) -> dict[str, Any] | None:
         """``queued -> running`` with UpdateItem; recovers a job whose last worker was lost.
-        ``None`` when the job is gone, cancelled or finished (its message is deleted).
+        ``None`` when the job is gone, cancelled or finished: its message ``held`` is then
+        deleted (after the republished event, if any).
 
         ``refused``: a transaction's refusal of this start, to decide from before writing.
         ``started_at``: the start time a transaction of this worker may already have written
@@ -252,7 +255,24 @@ class Starter:
         A redelivered message whose job a worker already finished means that worker died
         between the terminal write and deleting the message, maybe before publishing the event:
         the terminal event is published again (at least once; webhook receivers dedupe on the
-        ``webhook-id``, which is the same for the same job, event and attempt)."""
+        ``webhook-id``, which is the same for the same job, event and attempt). So is a job
+        this worker's kind cancelled while it ran (``job.cancelled``, issue 14)."""
+        record = self._mark_running(
+            job_id, held, redelivered=redelivered, refused=refused, started_at=started_at
+        )
+        if record is None and not held.finished:
+            self.held.delete_later(held)
+        return record
+
+    def _mark_running(
+        self,
+        job_id: str,
+        held: Held,
+        *,
+        redelivered: bool,
+        refused: TransitionRefused | None,
+        started_at: str | None,
+    ) -> dict[str, Any] | None:
         mine = {started_at} if started_at else set()
         for _ in range(3):
             exc, refused = refused, None
@@ -269,10 +289,11 @@ class Starter:
                 if (
                     redelivered
                     and cur is not None
-                    and cur["status"] in (lifecycle.SUCCEEDED, lifecycle.FAILED)
+                    and cur["status"] in REPUBLISHED
                     and cur.get("started_at")
                 ):
-                    self.journal.event(cur)
+                    held.finished = True  # deleted once the event is out
+                    self.journal.event(cur, then_delete=held)
                 return None
             if cur["status"] == lifecycle.QUEUED:
                 continue  # queued at another attempt than a transaction assumed: write it alone

@@ -97,6 +97,8 @@ class Watcher:
         requests of those that wrote none."""
         if self.journal.pending and self.journal.pending_age() >= PENDING_FLUSH_SECONDS:
             self.journal.flush()
+        elif self.journal.retrying:
+            self.journal.publish()  # events kept by a failed publish (their messages wait)
         self.held.flush_deletes_due()  # a handler busy with one long batch takes nothing meanwhile
         since = time.monotonic() - CHECK_AFTER_SECONDS
         running = [
