@@ -49,8 +49,9 @@ Finished messages are deleted 10 at a time, or once the oldest has waited
 :data:`~asyncinfer.worker.held.DELETE_FLUSH_SECONDS`, or at once when the worker has no job in
 progress (held messages keep it busy and count as load for scaling).
 
-The parts, each an object with a narrow interface that the :class:`Worker` composes (none of
-them imports another's module except for types, and ``outcomes`` none at all):
+The parts, each an object with a narrow interface that the :class:`Worker` composes and hands
+what it needs (imports run one way, from this module down; ``outcomes`` imports no other worker
+module):
 
 * :mod:`~asyncinfer.worker.intake`: receive by capacity, the inboxes and the priority rule;
 * :mod:`~asyncinfer.worker.held`: the held messages: visibility, releases, batched deletes;
