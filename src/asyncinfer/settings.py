@@ -27,6 +27,8 @@ Environment variables (all optional unless a component needs the resource):
 ``ASYNCINFER_TOKEN_BUDGET``         generation: most KV cache entries of a batch, padding
                                     included: jobs x the largest prompt + max_new_tokens
                                     (32768); a job over it alone fails
+``ASYNCINFER_ECHO_BATCHING``       ``0``: the echo model runs one job at a time (default ``1``:
+                                    the items of a batch together)
 ``ASYNCINFER_LOCAL``                ``1`` on the local stack: webhooks may use http and loopback
 ``ASYNCINFER_WEBHOOK_QUEUE_URL``    SQS queue of the webhook dispatcher (subscribed to the topic)
 ``ASYNCINFER_WEBHOOK_DLQ_URL``      where webhook events go after the retry window
@@ -87,6 +89,7 @@ class Settings(BaseModel):
     max_batch_size: int = 0
     max_wait_ms: float = 50.0
     token_budget: int = 32768
+    echo_batching: bool = True
     local_mode: bool = False
     webhook_queue_url: str = ""
     webhook_dlq_url: str = ""
@@ -191,6 +194,8 @@ class Settings(BaseModel):
         if region:
             values["region"] = region
         values["local_mode"] = env.get("ASYNCINFER_LOCAL", "") in ("1", "true", "yes")
+        if env.get("ASYNCINFER_ECHO_BATCHING"):
+            values["echo_batching"] = env["ASYNCINFER_ECHO_BATCHING"] not in ("0", "false", "no")
         raw_queues = env.get("ASYNCINFER_QUEUE_URLS")
         if raw_queues:
             try:

@@ -198,7 +198,7 @@ def test_a_job_whose_worker_was_killed_after_its_ttl_runs_again_and_never_expire
     second, item = start_on_worker(lset, receive(lset))
     assert item.attempt == 2
     second.finish(item, {"sleep_seconds": 0})
-    second._flush()
+    second.journal.flush()
     rec = store.get(job_id)
     assert rec is not None and rec["status"] == "succeeded" and rec["attempts"] == 2
     assert types(resources, job_id) == [
@@ -221,11 +221,11 @@ def test_a_worker_that_meets_a_job_taken_back_releases_its_message(
     worker, item = start_on_worker(lset, receive(lset))
     later(monkeypatch, LEASE + 2)
     assert [r["status"] for r in sweeper.take_back_lapsed(lset)] == ["queued"]
-    worker._renew_leases(worker.inflight.snapshot())
+    worker.watcher.renew_leases(worker.inflight.snapshot())
     assert item.cancel_event.is_set()
     worker.finish(item, {"sleep_seconds": 0})
-    worker._flush()
-    worker._flush_deletes()
+    worker.journal.flush()
+    worker.held.flush_deletes()
     assert store.get(job_id)["status"] == "queued"  # type: ignore[index]
     m = receive(lset)  # the message is back, visible
     assert json.loads(m["Body"])["job_id"] == job_id
@@ -238,7 +238,7 @@ def test_the_heartbeat_renews_the_leases_of_running_jobs(
     job_id = submit(lset)
     worker, _ = start_on_worker(lset, receive(lset))
     later(monkeypatch, LEASE - 1)
-    worker._renew_leases(worker.inflight.snapshot())
+    worker.watcher.renew_leases(worker.inflight.snapshot())
     later(monkeypatch, LEASE + 2)  # past the first lease, within the renewed one
     assert sweeper.take_back_lapsed(lset) == []
     assert store.get(job_id)["status"] == "running"  # type: ignore[index]

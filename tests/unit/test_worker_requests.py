@@ -14,7 +14,8 @@ import pytest
 
 from asyncinfer.settings import Settings
 from asyncinfer.store import JobStore
-from asyncinfer.worker import runner
+from asyncinfer.worker import held as held_module
+from asyncinfer.worker import watcher
 from asyncinfer.worker.inflight import Held
 from asyncinfer.worker.runner import Worker, quiet_webhook
 from tests.unit.helpers import count_calls, new_job
@@ -116,8 +117,7 @@ class StubSqs:
 
 
 def poll_briefly(worker: Worker, seconds: float = 0.3) -> None:
-    url = worker.queues["normal"]
-    t = threading.Thread(target=worker._poll_loop, args=("normal", url), daemon=True)
+    t = threading.Thread(target=worker.intake.loop, daemon=True)
     t.start()
     t.join(timeout=seconds)
     worker.stop_event.set()
@@ -145,12 +145,17 @@ def test_a_full_worker_does_not_receive_while_its_inbox_holds_messages(
     worker.inboxes["normal"].put(held("c", age=0))
     poll_briefly(worker)
     assert stub.calls == []
-    # With its inbox empty it receives again, full or not: the priority rule needs the
-    # messages of every class in hand when a slot frees.
+    # Issue 18: with its inbox empty but its slots full it still receives nothing (a message
+    # it cannot start stays in the queue for other workers)...
     worker.inboxes["normal"].get_nowait()
     worker.stop_event.clear()
     poll_briefly(worker)
-    assert stub.calls
+    assert stub.calls == []
+    # ...and once a slot frees it receives, no more than that slot.
+    del worker._running["b"]
+    worker.stop_event.clear()
+    poll_briefly(worker)
+    assert stub.calls and all(c["MaxNumberOfMessages"] == 1 for c in stub.calls)
 
 
 def test_quiet_webhook() -> None:
@@ -180,7 +185,7 @@ def test_pending_terminal_writes_wait_for_a_take_at_most_a_while(
     assert worker.store.get(IDS[0])["status"] == "running"  # type: ignore[index]
     worker._watch_once()  # not long enough yet
     assert worker.store.get(IDS[0])["status"] == "running"  # type: ignore[index]
-    monkeypatch.setattr(runner, "PENDING_FLUSH_SECONDS", 0.0)
+    monkeypatch.setattr(watcher, "PENDING_FLUSH_SECONDS", 0.0)
     worker._watch_once()
     assert worker.store.get(IDS[0])["status"] == "succeeded"  # type: ignore[index]
     assert worker._to_delete == [h]
@@ -216,11 +221,11 @@ def test_deletes_wait_for_company_while_jobs_run(
     worker.take(1, timeout=0)
     worker._watch_once()
     assert in_flight(worker) == 1 and len(worker.inflight) == 1
-    monkeypatch.setattr(runner, "DELETE_FLUSH_SECONDS", 0.0)
+    monkeypatch.setattr(held_module, "DELETE_FLUSH_SECONDS", 0.0)
     worker._watch_once()
     assert in_flight(worker) == 0 and len(worker.inflight) == 0
 
-    monkeypatch.setattr(runner, "DELETE_FLUSH_SECONDS", 60.0)
+    monkeypatch.setattr(held_module, "DELETE_FLUSH_SECONDS", 60.0)
     h = received(worker)
     worker._delete_later(h)
     worker.take(1, timeout=0)

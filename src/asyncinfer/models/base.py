@@ -136,9 +136,23 @@ class ModelHandler:
     applies the error to every item of the call.
     """
 
+    @property
+    def batching(self) -> bool:
+        """Whether the handler runs the items of a batch together (one step for the batch, or
+        concurrently): the worker then takes up to its ``max_batch_size`` jobs at once. A
+        handler that runs items one at a time returns ``False``, and the worker takes one job at
+        a time, leaving the others in the queue for other workers (docs/models.md, "Batching
+        and concurrency"). Default ``True``."""
+        return True
+
     def __init__(self, *, spec: ModelSpec, cache_dir: Any = None) -> None:
         self.spec = spec
         self.cache_dir = cache_dir
+
+    def capacity(self, max_batch_size: int) -> int:
+        """Most jobs this handler runs at once in a worker whose batch size is
+        ``max_batch_size``: that size when :attr:`batching`, else 1."""
+        return max(1, max_batch_size) if self.batching else 1
 
     def load(self) -> None:
         """Load weights once (idempotent). Raises on a model that cannot be loaded."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from asyncinfer.errors import InvalidInput, JobError, TransientError, WorkerStopping
 from asyncinfer.models.base import ModelHandler, Result, WorkItem
@@ -12,18 +13,34 @@ from asyncinfer.models.schemas import EchoInput
 class EchoHandler(ModelHandler):
     """Returns each input unchanged (``sleep_seconds`` included). Sleeps in 50 ms steps, checking
     for cancel, timeout and shutdown between steps, as a real model checks between decoding
-    steps. ``fail`` raises a retryable or permanent error on early attempts."""
+    steps. ``fail`` raises a retryable or permanent error on early attempts.
+
+    The items of a batch run concurrently (their sleeps overlap), as a batched model runs them in
+    one step, so a batch of jobs of ``sleep_seconds`` s each takes about that long. With the
+    setting ``ASYNCINFER_ECHO_BATCHING=0`` it declares itself one-at-a-time
+    (:attr:`~asyncinfer.models.base.ModelHandler.batching` false): the worker then takes one job
+    at a time, as for a handler whose predict works on items one by one."""
 
     STEP_SECONDS = 0.05
 
+    @property
+    def batching(self) -> bool:
+        """From the setting ``echo_batching`` (``ASYNCINFER_ECHO_BATCHING``, default on)."""
+        from asyncinfer.settings import get_settings
+
+        return get_settings().echo_batching
+
     def predict(self, items: list[WorkItem]) -> list[Result]:
-        results: list[Result] = []
-        for item in items:
-            try:
-                results.append(self._one(item))
-            except (JobError, WorkerStopping) as exc:
-                results.append(exc)
-        return results
+        if len(items) <= 1:
+            return [self._safe(item) for item in items]
+        with ThreadPoolExecutor(max_workers=len(items), thread_name_prefix="echo") as pool:
+            return list(pool.map(self._safe, items))
+
+    def _safe(self, item: WorkItem) -> Result:
+        try:
+            return self._one(item)
+        except (JobError, WorkerStopping) as exc:
+            return exc
 
     def _one(self, item: WorkItem) -> dict[str, object]:
         inp = item.input

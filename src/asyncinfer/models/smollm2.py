@@ -220,8 +220,10 @@ class SmolLM2Handler(ModelHandler):
 
         while True:
             # 1. admit: take started jobs while slots are free, then add those the budget allows.
+            # Nothing is taken while a job waits for budget: a taken job is running (its
+            # started_at set), and the jobs this worker cannot start stay in the queue for others.
             free = max_batch_size - len(engine) - len(pending)
-            if free > 0 and not source.stopping:
+            if free > 0 and not pending and not source.stopping:
                 for item in source.take(free, timeout=0 if (len(engine) or pending) else 0.2):
                     try:
                         pending.append(self.sequence(item, budget))

@@ -4,6 +4,7 @@ entry point calls the same function)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from asyncinfer import logs
@@ -17,7 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="model id to serve")
     parser.add_argument("--max-batch-size", type=int, default=None)
     args = parser.parse_args(argv)
-    logs.setup(f"worker[{args.model}]")
+    # The pid tells the workers of one model apart in a shared log (the local stack's).
+    logs.setup(f"worker[{args.model}:{os.getpid()}]")
     worker = Worker(get_settings(), args.model, max_batch_size=args.max_batch_size)
     worker.install_signal_handlers()
     return worker.run()

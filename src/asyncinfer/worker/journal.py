@@ -1,0 +1,252 @@
+"""The worker's writes to the job table and its events: terminal records waiting to share the
+next take's TransactWriteItems call, the buffered job events (published with SNS PublishBatch
+before the messages of their jobs are deleted), and requeues.
+
+One lock (the worker's write lock) serialises the main loop's and the watcher's writes, so that
+events precede deletions and the two never write the same item at once (DynamoDB cancels a
+transaction that meets another one on an item, and refuses a plain write to an item a
+transaction is writing).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from asyncinfer import lifecycle
+from asyncinfer.errors import TransitionRefused
+from asyncinfer.events import EventPublisher
+from asyncinfer.store import JobStore, Transition
+from asyncinfer.worker.held import HeldMessages
+from asyncinfer.worker.inflight import Held
+
+log = logging.getLogger("asyncinfer.worker")
+
+#: After a failed publish, the buffered events are tried again at most this often, seconds.
+PUBLISH_RETRY_SECONDS = 1.0
+
+#: A buffered event: the record, and the message to delete once the event is out (or ``None``).
+Entry = tuple[dict[str, Any], Held | None]
+
+
+@dataclass
+class Finished:
+    """A terminal write waiting for the next take's transaction."""
+
+    held: Held
+    before: dict[str, Any]  # the running record
+    transition: Transition
+    alone: bool  # written alone with UpdateItem; its returned record makes the event
+
+
+class Journal:
+    """Pending terminal writes and buffered events of one worker.
+
+    Args:
+        store: the job table.
+        events: the event publisher (SNS).
+        held: the held messages (a written job's message is queued for deletion; one not
+            written is released to come back after its visibility timeout).
+        lock: the worker's write lock.
+        visibility_timeout_seconds: how long a message whose result was not recorded stays
+            hidden before it comes back, seconds.
+        on_terminal: called with each terminal record written (job metrics).
+    """
+
+    def __init__(
+        self,
+        store: JobStore,
+        events: EventPublisher,
+        held: HeldMessages,
+        *,
+        lock: threading.RLock,
+        visibility_timeout_seconds: float,
+        on_terminal: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.publisher = events
+        self.held = held
+        self.lock = lock
+        self.visibility_timeout_seconds = visibility_timeout_seconds
+        self.on_terminal = on_terminal
+        # Appended to without the lock: taking a list over (``a, self.a = self.a, []``) loses
+        # no append.
+        self.pending: list[Finished] = []
+        self.pending_since = 0.0
+        #: Buffered events, each with the message to delete once it is out (or ``None``).
+        self.events: list[Entry] = []
+        self._retry_after = 0.0  # after a failed publish, no new try before this (monotonic)
+
+    # ------------------------------------------------------------------ queueing
+    def add(self, finished: Finished) -> None:
+        """Queue a terminal write for the next take (no lock: the decoding loop does not wait
+        for a watcher write here)."""
+        if not self.pending:
+            self.pending_since = time.monotonic()
+        self.pending.append(finished)
+
+    def event(self, record: dict[str, Any], *, then_delete: Held | None = None) -> None:
+        """Buffer the event of ``record`` (published with the next batch of events); its
+        message ``then_delete`` is queued for deletion only once the event is out."""
+        self.events.append((record, then_delete))
+
+    def pending_ids(self) -> set[str]:
+        """The job ids whose terminal write is pending."""
+        return {f.transition.job_id for f in self.pending}
+
+    def pending_age(self) -> float:
+        """How long the oldest pending terminal write has waited, seconds (0 with none)."""
+        return time.monotonic() - self.pending_since if self.pending else 0.0
+
+    @property
+    def retrying(self) -> bool:
+        """Events kept by a failed publish wait for another try."""
+        return self._retry_after > 0 and bool(self.events)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to write and nothing to publish."""
+        return not (self.pending or self.events)
+
+    # ------------------------------------------------------------------ writing
+    def write_pending(self, starts: list[Transition]) -> list[Any]:
+        """Write the pending terminal records and ``starts`` (called under the lock): the
+        batched ones in TransactWriteItems calls, the others alone; queue the events of the
+        written ones and their messages' deletion. Returns the outcomes of ``starts``
+        (:meth:`~asyncinfer.store.JobStore.transition_many`)."""
+        pending, self.pending = self.pending, []
+        batched = [f for f in pending if not f.alone]
+        for f in pending:
+            if f.alone:
+                try:
+                    new = self.store.apply(f.transition)
+                except Exception as exc:  # decided per job below
+                    self._finished(f, exc)
+                else:
+                    self._finished(f, None, new)
+        transitions = [f.transition for f in batched] + starts
+        if not transitions:
+            return []
+        try:
+            outcomes = self.store.transition_many(transitions)
+        except Exception as exc:  # a bug: keep the worker going
+            log.exception("could not write %d transitions", len(transitions))
+            outcomes = [exc] * len(transitions)
+        for f, outcome in zip(batched, outcomes, strict=False):
+            self._finished(f, outcome)
+        return outcomes[len(batched) :]
+
+    def _finished(self, f: Finished, outcome: Any, new: dict[str, Any] | None = None) -> None:
+        """After one terminal write: queue its event and its message's deletion."""
+        t = f.transition
+        if isinstance(outcome, TransitionRefused):
+            if not t.shows_applied(outcome.current):
+                log.warning("%s", outcome)
+                if outcome.current and outcome.current.get("status") == lifecycle.QUEUED:
+                    # Taken back to queued after its lease lapsed (asyncinfer.leases): the
+                    # next attempt needs this message.
+                    self.held.release([f.held])
+                    return
+                self.held.delete_later(f.held)
+                return
+            new = outcome.current  # our own write, answered late
+        elif outcome is not None:
+            # Not written (an AWS fault): the message comes back after its visibility timeout
+            # and the next attempt takes over from the job left running.
+            log.error("could not record the result of job %s: %s", t.job_id, outcome)
+            self.held.release([f.held], delay=self.visibility_timeout_seconds)
+            return
+        if new is None:
+            new = t.applied_to(f.before)
+        log.info("job %s %s", t.job_id, new["status"])
+        if self.on_terminal is not None:
+            self.on_terminal(new)
+        self.event(new, then_delete=f.held)  # the message is deleted once the event is out
+
+    def flush(self, *, force: bool = False) -> None:
+        """Write the pending terminal records and publish the buffered events (``force``: even
+        within the pause after a failed publish; the worker is stopping)."""
+        if self.idle:
+            return
+        with self.lock:
+            if self.pending:
+                self.write_pending([])
+            self.publish(force=force)
+
+    def publish(self, *, force: bool = False) -> None:
+        """Publish the buffered job events in order (PublishBatch, 10 a call), then queue the
+        deletion of the messages that waited for them (issue 14: an event is never lost to a
+        deleted message). On a failure, one by one; an event that still fails stays buffered,
+        with every later event of its job, and its message stays held (the heartbeat keeps it
+        hidden) until a later try, at most every :data:`PUBLISH_RETRY_SECONDS`, gets it out. A
+        worker that dies meanwhile leaves the message to come back: its next delivery finds
+        the job terminal and publishes the event again."""
+        if not self.events or (not force and time.monotonic() < self._retry_after):
+            return
+        with self.lock:
+            events, self.events = self.events, []
+            if not events:
+                return
+            out: list[Entry]
+            kept: list[Entry]
+            try:
+                self.publisher.publish_many([record for record, _ in events])
+                out, kept = events, []
+            except Exception:
+                log.exception(
+                    "could not publish %d job events; retrying them one by one", len(events)
+                )
+                out, kept = self._publish_one_by_one(events)
+            if kept:
+                log.error(
+                    "%d job events not published; their messages are kept until they are out",
+                    len(kept),
+                )
+                self._retry_after = time.monotonic() + PUBLISH_RETRY_SECONDS
+                self.events[:0] = kept  # ahead of what came meanwhile: each job's order holds
+            else:
+                self._retry_after = 0.0
+            for _, held in out:
+                if held is not None:
+                    self.held.delete_later(held)
+
+    def _publish_one_by_one(self, events: list[Entry]) -> tuple[list[Entry], list[Entry]]:
+        """Publish ``events`` one at a time: ``(published, kept)``. After a job's event fails,
+        its later events are kept too, untried (a job's events go out in order)."""
+        out: list[Entry] = []
+        kept: list[Entry] = []
+        failed_jobs: set[str] = set()
+        for entry in events:
+            record = entry[0]
+            if record["job_id"] not in failed_jobs:
+                try:
+                    self.publisher.publish(record)
+                except Exception:
+                    log.exception("could not publish %s %s", record["job_id"], record["status"])
+                else:
+                    out.append(entry)
+                    continue
+            failed_jobs.add(record["job_id"])
+            kept.append(entry)
+        return out, kept
+
+    def requeue(self, held: Held, job_id: str, attempts: int, *, delay: float) -> None:
+        """``running -> queued`` at this attempt, publish ``job.queued``, then make the message
+        visible after ``delay`` seconds."""
+        self.flush()  # keep each job's events in order
+        try:
+            back = self.store.transition(
+                job_id,
+                from_status=lifecycle.RUNNING,
+                to_status=lifecycle.QUEUED,
+                attempts=attempts,
+                remove_fields=("started_at", "progress_tokens", "output"),
+            )
+            self.publisher.publish(back)
+        except TransitionRefused as exc:
+            log.warning("%s", exc)
+        self.held.release([held], delay=delay)
