@@ -107,6 +107,39 @@ class JobStore:
             ConditionExpression="attribute_not_exists(job_id)",
         )
 
+    def confirm_submitted(self, job_id: str, expires_epoch: int) -> None:
+        """End the submit of ``job_id`` once its message is sent: ``expires_epoch`` (N) becomes
+        the job's TTL end and ``submitting_until`` is removed. Until then the record carries
+        ``submitting_until`` (N, epoch seconds) and, as ``expires_epoch``, that same time, so a
+        submit that died between the record and the message (a Lambda timeout) leaves a job
+        the expiry sweeper ends soon instead of one waiting ``queued`` for a message that never
+        comes. Not conditional on the status: a worker may have started the job already."""
+        self._update_item(
+            TableName=self.table,
+            Key={"job_id": {"S": job_id}},
+            UpdateExpression="SET expires_epoch = :e REMOVE submitting_until",
+            ConditionExpression="attribute_exists(job_id)",
+            ExpressionAttributeValues={":e": {"N": str(expires_epoch)}},
+        )
+
+    def discard_unsubmitted(self, job_id: str) -> bool:
+        """Delete the record of a submit that failed before its job was accepted (its message
+        could not be sent), if it is still ``queued`` at attempt 0. A message that was sent after
+        all finds no record, and the worker drops it. Returns whether the record is gone."""
+        try:
+            self.ddb.delete_item(
+                TableName=self.table,
+                Key={"job_id": {"S": job_id}},
+                ConditionExpression="#status = :q AND attempts = :zero",
+                ExpressionAttributeNames={"#status": "status"},
+                ExpressionAttributeValues={":q": {"S": lifecycle.QUEUED}, ":zero": {"N": "0"}},
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            return False
+        return True
+
     def queued_past_expiry(self, now_epoch: int, limit: int = 100) -> list[str]:
         """Ids of up to ``limit`` queued jobs whose ``expires_epoch`` is at or before
         ``now_epoch`` (the queued-expiry GSI; eventually consistent, so callers re-check with a
