@@ -46,7 +46,8 @@ def json_problem(data: Any, *, max_depth: int = MAX_JSON_DEPTH) -> str | None:
 
 
 def loads_bounded(body: bytes, where: str) -> Any:
-    """Parse a job input read from storage with the limits the API applies at submit.
+    """Parse a job input read from storage with the limits the API applies at submit;
+    ``where`` names it in errors (``"input at s3://..."``).
 
     Raises:
         InvalidInput: not JSON (UTF-8), nested too deeply, or a number out of range.
@@ -54,12 +55,12 @@ def loads_bounded(body: bytes, where: str) -> Any:
     try:
         data = json.loads(body)
     except RecursionError:
-        raise InvalidInput(f"input at {where} is nested too deeply") from None
+        raise InvalidInput(f"{where} is nested too deeply") from None
     except ValueError:
-        raise InvalidInput(f"input at {where} is not JSON") from None
+        raise InvalidInput(f"{where} is not JSON") from None
     problem = json_problem(data)
     if problem is not None:
-        raise InvalidInput(f"input at {where} is {problem}")
+        raise InvalidInput(f"{where} is {problem}")
     return data
 
 
@@ -134,7 +135,7 @@ class PayloadStore:
             raise TransientError(f"cannot read input {uri}: {code}") from exc
         if len(data) > cap:
             raise InvalidInput(f"input at {uri} is larger than {cap} bytes")
-        return loads_bounded(data, uri)
+        return loads_bounded(data, f"input at {uri}")
 
     def presign_get(self, uri: str, expires_in: int = OUTPUT_URL_SECONDS) -> str:
         """A presigned GET URL for ``uri``, valid ``expires_in`` seconds."""

@@ -127,3 +127,16 @@ def test_depth_limit_is_the_same_for_upload_and_inline() -> None:
         ok = {"a": ok}
     assert json_problem(ok) is None
     assert json_problem({"a": ok}) is not None
+
+
+@pytest.mark.parametrize(
+    "body", [b"[" * 5000 + b"]" * 5000, b'{"a": ' + b"[" * 70 + b"]" * 70 + b"}"]
+)
+def test_sagemaker_endpoint_holds_the_same_limits(body: bytes) -> None:
+    from asyncinfer.models.echo import EchoHandler
+    from asyncinfer.models.registry import MODELS
+    from asyncinfer.sagemaker.server import InvocationsApp
+
+    app = InvocationsApp("echo", handler=EchoHandler(spec=MODELS["echo"]))
+    status, resp = app.invoke(body)
+    assert status == 400 and resp["error"]["code"] == "invalid_input"
