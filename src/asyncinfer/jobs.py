@@ -126,7 +126,11 @@ class JobService:
             raise
         if idempotency_key is not None:
             self.keys.complete(tenant, idempotency_key, job_id)
-        self.events.publish(record)
+        try:
+            self.events.publish(record)
+        except Exception:
+            # The job is accepted and will run: a 500 now would have the client submit it twice.
+            log.exception("job.queued of %s was not published", job_id)
         wake_on_submit(self.settings, req.model)  # 0 -> 1 at once; cached, never raises
         return render_job(record, self.payloads), True
 

@@ -278,3 +278,19 @@ def test_done_key_returns_its_job_for_24_hours(
     monkeypatch.setattr(idempotency.time, "time", lambda: real() + 24 * 3600 + 5)
     s, fresh, _ = api("POST", "/v1/jobs", body, headers=hdr)
     assert s == 202 and fresh["id"] != job["id"]
+
+
+def test_event_failure_after_the_enqueue_is_still_202(
+    api: ApiCaller, resources: Resources, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The job is in the queue and will run; a 500 would make the client submit it again.
+    svc = service()
+
+    def publish(*_: Any) -> None:
+        raise ClientError({"Error": {"Code": "Throttling", "Message": "slow"}}, "Publish")
+
+    monkeypatch.setattr(svc.events, "publish", publish)
+    status, job, _ = api("POST", "/v1/jobs", {"model": "echo", "input": {}})
+    assert status == 202
+    assert [json.loads(b)["job_id"] for b in messages(resources)] == [job["id"]]
+    assert JobStore(svc.settings).get(job["id"]) is not None
