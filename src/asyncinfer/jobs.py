@@ -124,12 +124,17 @@ class JobService:
             if idempotency_key is not None:
                 self.keys.release(tenant, idempotency_key, job_id)
             raise
+        # The job is accepted and will run: a failure from here on is logged, never a 500 (the
+        # client would submit the job twice). A claim left undone still returns this job: its
+        # record shows the submit finished (asyncinfer.idempotency).
         if idempotency_key is not None:
-            self.keys.complete(tenant, idempotency_key, job_id)
+            try:
+                self.keys.complete(tenant, idempotency_key, job_id)
+            except Exception:
+                log.exception("could not mark the idempotency key of %s done", job_id)
         try:
             self.events.publish(record)
         except Exception:
-            # The job is accepted and will run: a 500 now would have the client submit it twice.
             log.exception("job.queued of %s was not published", job_id)
         wake_on_submit(self.settings, req.model)  # 0 -> 1 at once; cached, never raises
         return render_job(record, self.payloads), True

@@ -294,3 +294,22 @@ def test_event_failure_after_the_enqueue_is_still_202(
     assert status == 202
     assert [json.loads(b)["job_id"] for b in messages(resources)] == [job["id"]]
     assert JobStore(svc.settings).get(job["id"]) is not None
+
+
+def test_key_claim_left_undone_still_returns_its_job(
+    api: ApiCaller, resources: Resources, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The claim's "done" write failed after the job was accepted: the record shows it finished.
+    svc = service()
+
+    def complete(*_: Any) -> bool:
+        raise SQS_DOWN
+
+    monkeypatch.setattr(svc.keys, "complete", complete)
+    body = {"model": "echo", "input": {"n": 5}}
+    s1, j1, _ = api("POST", "/v1/jobs", body, headers={"Idempotency-Key": "k-5"})
+    t0 = time.monotonic()
+    s2, j2, _ = api("POST", "/v1/jobs", body, headers={"Idempotency-Key": "k-5"})
+    assert (s1, s2) == (202, 200) and j1["id"] == j2["id"]
+    assert time.monotonic() - t0 < 2  # no wait for a claim that is in fact done
+    assert len(messages(resources)) == 1
