@@ -222,7 +222,8 @@ class JobStore:
         if filters:
             kwargs["FilterExpression"] = " AND ".join(filters)
             kwargs["ExpressionAttributeNames"] = names
-        start = decode_cursor(cursor, tenant) if cursor is not None else None
+        # An empty cursor (``?cursor=``) is no cursor: the first page, as before.
+        start = decode_cursor(cursor, tenant) if cursor else None
         records: list[dict[str, Any]] = []
         deadline = time.monotonic() + LIST_TIME_BUDGET_SECONDS
         for _ in range(LIST_MAX_QUERIES):

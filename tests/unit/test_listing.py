@@ -141,3 +141,9 @@ def test_unfiltered_list_pages_exactly(api: ApiCaller) -> None:
     _, p2, _ = api("GET", f"/v1/jobs?limit=2&cursor={p1['next_cursor']}")
     assert [j["id"] for j in p1["jobs"] + p2["jobs"]] == ids[::-1]
     assert p2["next_cursor"] is None
+
+
+def test_empty_cursor_is_the_first_page(api: ApiCaller) -> None:
+    api("POST", "/v1/jobs", {"model": "echo", "input": {}})
+    status, page, _ = api("GET", "/v1/jobs?cursor=")
+    assert status == 200 and len(page["jobs"]) == 1
