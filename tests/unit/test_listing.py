@@ -52,6 +52,7 @@ FORGED = [
     b64(b"[" * 1500),  # nested past the parser's recursion limit (a 500 before)
     b64(b"{" * 1000 + b"}" * 1000)[:2048],
     "A" * 513,  # longer than any cursor
+    "A" * 100_000,  # huge
     "A",  # cannot be base64 (length 1 mod 4)
 ]
 
