@@ -116,7 +116,13 @@ class IdempotencyKeys:
                 if time.monotonic() >= deadline:
                     raise Conflict(
                         "a request with this Idempotency-Key is still being processed; retry",
-                        [{"field": "Idempotency-Key", "message": "in use by a request"}],
+                        [
+                            {
+                                "field": "Idempotency-Key",
+                                "message": "in use by a request still in progress",
+                                "type": "in_progress",
+                            }
+                        ],
                     )
                 time.sleep(0.1)
                 continue

@@ -260,6 +260,7 @@ def test_key_held_by_a_request_in_progress_is_409_not_a_second_job(
     )
     status, resp, _ = api("POST", "/v1/jobs", body, headers={"Idempotency-Key": "k-3"})
     assert status == 409 and resp["error"]["code"] == "conflict"
+    assert resp["error"]["details"][0]["type"] == "in_progress"  # retry later, not another body
     assert messages(resources) == []
 
 
