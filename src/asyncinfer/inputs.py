@@ -59,11 +59,14 @@ def upload_prefix(tenant: str) -> str:
 
 def _allowed_locations(settings: Settings) -> list[tuple[str, str]]:
     """``input_locations`` as ``(bucket, key prefix)``; a prefix always ends in ``/`` so that
-    ``bucket/data`` does not also allow ``data-private/``."""
+    ``bucket/data`` does not also allow ``data-private/``. Entries in the service bucket are
+    ignored: it holds every tenant's inputs and outputs, and only ``uploads/<tenant>/`` of it is
+    ever a tenant's to name."""
     out = []
     for entry in settings.input_locations:
         bucket, _, prefix = entry.strip().strip("/").partition("/")
-        out.append((bucket, f"{prefix.strip('/')}/" if prefix.strip("/") else ""))
+        if bucket != settings.bucket:
+            out.append((bucket, f"{prefix.strip('/')}/" if prefix.strip("/") else ""))
     return out
 
 

@@ -60,6 +60,16 @@ def test_operator_allowed_locations(
     assert refusal(api, f"s3://{resources.bucket}/uploads/tenant-a/ok.json")[0] == 202
 
 
+def test_allowed_locations_never_open_the_service_bucket(
+    api: ApiCaller, resources: Resources, clean_env: pytest.MonkeyPatch
+) -> None:
+    apply_env(
+        clean_env, {"ASYNCINFER_INPUT_LOCATIONS": f"{resources.bucket},{resources.bucket}/outputs"}
+    )
+    assert refusal(api, f"s3://{resources.bucket}/outputs/tenant-b/job.json")[0] == 422
+    assert refusal(api, f"s3://{resources.bucket}/uploads/tenant-b/x.json")[0] == 422
+
+
 # ---------------------------------------------------------------------------- uploads
 def test_upload_is_capped_by_its_presigned_policy(
     api: ApiCaller, resources: Resources, clean_env: pytest.MonkeyPatch
