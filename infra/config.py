@@ -55,6 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "lambda_body_guard": True,
     "powertools_layer_version": 27,
     "worker_dockerfile": "container/Dockerfile",
+    "input_locations": "",
 }
 
 #: ECS task stopTimeout maximum, seconds (ECS task definition parameters, "stopTimeout").
@@ -147,6 +148,9 @@ class DeployConfig:
     lambda_body_guard: bool
     powertools_layer_version: int
     worker_dockerfile: str
+    #: ``bucket`` or ``bucket/prefix`` entries jobs may name as ``input_url`` (read access is
+    #: granted to the workers; ``ASYNCINFER_INPUT_LOCATIONS``).
+    input_locations: tuple[str, ...]
 
     @property
     def sagemaker_instance_type(self) -> str:
@@ -200,7 +204,21 @@ def _to_models(v: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
+#: An ``input_locations`` entry: an S3 bucket name (S3 naming rules), optionally ``/prefix``.
+_LOCATION_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^*?\s,]*)?$")
+
+
+def _to_locations(v: Any) -> tuple[str, ...]:
+    items = [str(x).strip() for x in v] if isinstance(v, list | tuple) else str(v).split(",")
+    out = tuple(dict.fromkeys(x.strip().strip("/") for x in items if x.strip()))
+    bad = [x for x in out if not _LOCATION_RE.match(x)]
+    if bad:
+        raise ValueError(f"not bucket or bucket/prefix: {bad}")
+    return out
+
+
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {
+    "input_locations": _to_locations,
     "compute": lambda v: str(v).strip().lower(),
     "instance_type": lambda v: str(v).strip(),
     "gpu": _to_bool,

@@ -31,6 +31,7 @@ from constructs import Construct
 from infra.components.api import JobsApi
 from infra.components.ecs_workers import EcsWorkers, image_excludes
 from infra.components.function import METRICS_NAMESPACE, PythonFunction, powertools_layer_arn
+from infra.components.inputs import grant_input_locations
 from infra.components.messaging import EncryptedTopics, ModelQueues
 from infra.components.monitoring import Monitoring
 from infra.components.sagemaker_endpoints import SageMakerEndpoints, endpoint_metric
@@ -93,6 +94,8 @@ class AsyncInferStack(Stack):
             "ASYNCINFER_RECORD_RETENTION": str(cfg.record_retention_days * 86400),
             "ASYNCINFER_COMPUTE": cfg.compute,
         }
+        if cfg.input_locations:
+            env["ASYNCINFER_INPUT_LOCATIONS"] = ",".join(cfg.input_locations)
         fn_common: dict[str, Any] = {
             "layer": layer,
             "log_retention": retention,
@@ -204,6 +207,7 @@ class AsyncInferStack(Stack):
                 log_retention=retention,
                 removal_policy=RemovalPolicy.DESTROY,
             )
+            grant_input_locations(self, self.ecs.task_roles.values(), cfg.input_locations)
             for model, role in self.ecs.task_roles.items():
                 for q in self.queues.queues_of(model):
                     q.grant_consume_messages(role)
@@ -266,6 +270,7 @@ class AsyncInferStack(Stack):
                 backlog_per_worker=cfg.backlog_per_worker,
                 max_concurrent_invocations=cfg.sagemaker_max_concurrent_invocations,
             )
+            grant_input_locations(self, [self.sagemaker.role], cfg.input_locations)
             sm_env = {**env, "ASYNCINFER_SAGEMAKER_ENDPOINTS": self.sagemaker.endpoint_names_json()}
             self.bridge_fn = PythonFunction(
                 self,

@@ -5,13 +5,11 @@ request path. Tenant isolation lives here: every read filters by tenant and answ
 
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
 import time
 from datetime import timedelta
 from typing import Any
-
-from botocore.exceptions import ClientError
 
 from asyncinfer import clients, lifecycle
 from asyncinfer.api.schemas import JobRequest
@@ -23,19 +21,22 @@ from asyncinfer.errors import (
     TransitionRefused,
 )
 from asyncinfer.events import EventPublisher
+from asyncinfer.idempotency import IDEMPOTENCY_SECONDS, IdempotencyKeys, body_hash
 from asyncinfer.ids import is_job_id, new_job_id
+from asyncinfer.inputs import check_inline_input, check_input_url
 from asyncinfer.jobview import render_job
-from asyncinfer.messages import JobMessage
+from asyncinfer.messages import MAX_MESSAGE_BYTES, JobMessage
 from asyncinfer.models.registry import MODELS, get_spec, validate_input
-from asyncinfer.payloads import PayloadStore, dumps, split_uri
+from asyncinfer.payloads import PayloadStore, split_uri
 from asyncinfer.scaling.wake import wake_on_submit
 from asyncinfer.settings import Settings
 from asyncinfer.store import QUEUED_MARK, JobStore
 from asyncinfer.timeutil import iso, now, parse
 from asyncinfer.webhook_urls import check_url
 
-#: How long an idempotency key maps to its job (spec: 24 h), seconds.
-IDEMPOTENCY_SECONDS = 24 * 3600
+__all__ = ["IDEMPOTENCY_SECONDS", "JobService"]
+
+log = logging.getLogger("asyncinfer.jobs")
 
 
 class JobService:
@@ -47,6 +48,7 @@ class JobService:
         self.payloads = PayloadStore(settings)
         self.events = EventPublisher(settings, self.payloads)
         self.sqs = clients.client("sqs", settings)
+        self.keys = IdempotencyKeys(self.store, settings.submit_lease_seconds)
 
     # ------------------------------------------------------------------ models
     def deployed_models(self) -> list[dict[str, Any]]:
@@ -57,15 +59,28 @@ class JobService:
     def submit(
         self, tenant: str, req: JobRequest, *, idempotency_key: str | None = None
     ) -> tuple[dict[str, Any], bool]:
-        """Create a job: validate, store the record, enqueue the message, publish ``job.queued``.
+        """Create a job: validate, build its message, store the record, enqueue the message,
+        publish ``job.queued``.
+
+        Everything that can refuse the request is checked before anything is written, and the
+        message body is built (and sized) before the record. A submit that fails after that
+        leaves nothing behind: the record is deleted (a message sent after all then finds no
+        record and the worker drops it), the S3 copy of the input too, and the idempotency key
+        is given back. One that dies part way (a Lambda timeout) leaves at most a record whose
+        ``expires_epoch`` is ``submit_lease_seconds`` away, which the expiry sweeper ends, and
+        a key claim whose lease runs out (:mod:`asyncinfer.idempotency`).
 
         Returns ``(job object, created)``; ``created`` is False when an idempotency key returned
         an existing job.
 
         Raises:
-            InvalidRequest: unknown or undeployed model, input invalid for the model, a webhook
-                URL that breaks the rules, an input_url the tenant may not read.
-            Conflict: the idempotency key was used with another body within 24 h.
+            InvalidRequest: unknown or undeployed model, input invalid for the model or past the
+                JSON limits, a webhook URL that breaks the rules, an input_url the tenant may
+                not use.
+            PayloadTooLarge: an inline input over ``max_input_bytes``.
+            Conflict: the idempotency key was used with another body within 24 h, or a request
+                with it is still in progress.
+            InternalError: the record or the message could not be written (nothing was kept).
         """
         spec = get_spec(req.model)
         if req.model not in self.settings.models:
@@ -73,19 +88,61 @@ class JobService:
                 f"model {req.model!r} is not deployed here",
                 [{"field": "model", "message": f"deployed: {self.settings.models}"}],
             )
+        body: bytes | None = None
         if req.input is not None:
+            body = check_inline_input(self.settings, req.input)
             validate_input(spec, req.input)
         if req.input_url is not None:
-            self._check_input_url(tenant, req.input_url)
+            check_input_url(self.settings, tenant, req.input_url)
         if req.webhook is not None:
             check_url(req.webhook.url, local_mode=self.settings.local_mode)
+        queue_url = self.settings.queue_url(req.model, req.priority)
 
         job_id = new_job_id()
-        if idempotency_key is not None:
-            existing = self._claim_idempotency_key(tenant, idempotency_key, req, job_id)
-            if existing is not None:
-                return existing, False
+        record, message = self._build(tenant, req, job_id)
+        if body is not None and len(body) <= self.settings.inline_input_limit_bytes:
+            message.input = req.input
+        text = message.dumps()
+        if body is not None and (
+            message.input is None or JobMessage.size(text) > MAX_MESSAGE_BYTES
+        ):
+            message.input = None
+            record["input_ref"] = message.input_ref = self.payloads.input_uri(tenant, job_id)
+            text = message.dumps()
+        elif req.input_url is not None:
+            record["input_ref"] = message.input_ref = req.input_url
+            text = message.dumps()
 
+        if idempotency_key is not None:
+            digest = body_hash(req.model_dump(mode="json"))
+            existing = self.keys.claim(tenant, idempotency_key, digest, job_id)
+            if existing is not None:
+                return render_job(existing, self.payloads), False
+        try:
+            self._write(record, body, text, queue_url)
+        except BaseException:
+            if idempotency_key is not None:
+                self.keys.release(tenant, idempotency_key, job_id)
+            raise
+        # The job is accepted and will run: a failure from here on is logged, never a 500 (the
+        # client would submit the job twice). A claim left undone still returns this job: its
+        # record shows the submit finished (asyncinfer.idempotency).
+        if idempotency_key is not None:
+            try:
+                self.keys.complete(tenant, idempotency_key, job_id)
+            except Exception:
+                log.exception("could not mark the idempotency key of %s done", job_id)
+        try:
+            self.events.publish(record)
+        except Exception:
+            log.exception("job.queued of %s was not published", job_id)
+        wake_on_submit(self.settings, req.model)  # 0 -> 1 at once; cached, never raises
+        return render_job(record, self.payloads), True
+
+    def _build(
+        self, tenant: str, req: JobRequest, job_id: str
+    ) -> tuple[dict[str, Any], JobMessage]:
+        """The new job's record and message (without its input)."""
         created = now()
         expires = created + timedelta(seconds=req.ttl_seconds)
         record: dict[str, Any] = {
@@ -115,97 +172,45 @@ class JobService:
             metadata=record["metadata"],
             webhook=record["webhook"],
         )
-        if req.input is not None:
-            body = dumps(req.input)
-            if len(body) > self.settings.inline_input_limit_bytes:
-                record["input_ref"] = message.input_ref = self.payloads.put_input(
-                    tenant, job_id, body
-                )
-            else:
-                message.input = req.input
-        else:
-            record["input_ref"] = message.input_ref = req.input_url
+        return record, message
 
-        self.store.create(record)
+    def _write(self, record: dict[str, Any], body: bytes | None, text: str, queue_url: str) -> None:
+        """S3 copy of the input (if the message does not carry it), record, message, in that
+        order; on any failure, what was written is taken back and :class:`InternalError`
+        raised."""
+        job_id, tenant = record["job_id"], record["tenant"]
+        expires_epoch = record["expires_epoch"]
+        lease_end = int(time.time()) + self.settings.submit_lease_seconds
+        stored_input = record.get("input_ref") if body is not None else None
+        created = False
         try:
-            self.sqs.send_message(
-                QueueUrl=self.settings.queue_url(req.model, req.priority),
-                MessageBody=message.dumps(),
+            if stored_input is not None and body is not None:
+                self.payloads.put_input(tenant, job_id, body)
+            self.store.create(
+                {
+                    **record,
+                    "submitting_until": lease_end,
+                    "expires_epoch": min(expires_epoch, lease_end),
+                }
             )
-        except ClientError as exc:
-            # Without its message nobody would ever run the job: take the record back.
-            self.store.ddb.delete_item(TableName=self.store.table, Key={"job_id": {"S": job_id}})
-            raise InternalError("could not enqueue the job; nothing was stored") from exc
-        self.events.publish(record)
-        wake_on_submit(self.settings, req.model)  # 0 -> 1 at once; cached, never raises
-        return render_job(record, self.payloads), True
+            created = True
+            self.sqs.send_message(QueueUrl=queue_url, MessageBody=text)
+            self.store.confirm_submitted(job_id, expires_epoch)
+        except Exception as exc:
+            self._take_back(job_id, created, stored_input)
+            raise InternalError("could not enqueue the job; nothing was kept, retry") from exc
 
-    def _check_input_url(self, tenant: str, url: str) -> None:
+    def _take_back(self, job_id: str, created: bool, stored_input: str | None) -> None:
+        """Undo a submit that failed part way; never raises (what stays behind is bounded: the
+        record's short ``expires_epoch``, the bucket's lifecycle rule on ``inputs/``)."""
         try:
-            bucket, key = split_uri(url)
-        except ValueError:
-            raise InvalidRequest(
-                "input_url is not an s3:// URL",
-                [{"field": "input_url", "message": "must be s3://bucket/key"}],
-            ) from None
-        if bucket == self.settings.bucket and not key.startswith(f"uploads/{tenant}/"):
-            # Other tenants' inputs and outputs live in this bucket: only the caller's uploads.
-            raise InvalidRequest(
-                "input_url points into the service bucket outside your uploads",
-                [{"field": "input_url", "message": "use the input_url of POST /v1/uploads"}],
-            )
-
-    # ------------------------------------------------------------------ idempotency
-    def _claim_idempotency_key(
-        self, tenant: str, key: str, req: JobRequest, job_id: str
-    ) -> dict[str, Any] | None:
-        """Claim ``key`` for ``job_id`` with a conditional put; if another request claimed it
-        first, return that job (same body) or raise :class:`Conflict` (another body)."""
-        if not 1 <= len(key) <= 255:
-            raise InvalidRequest(
-                "Idempotency-Key must be 1..255 characters",
-                [{"field": "Idempotency-Key", "message": "1..255 characters"}],
-            )
-        body_hash = hashlib.sha256(
-            json.dumps(req.model_dump(mode="json"), sort_keys=True).encode()
-        ).hexdigest()
-        item_id = "idem#" + hashlib.sha256(f"{tenant}\0{key}".encode()).hexdigest()
-        t = int(time.time())
-        try:
-            # No 'tenant' attribute: the item stays out of the tenant GSI (sparse index).
-            self.store.ddb.put_item(
-                TableName=self.store.table,
-                Item={
-                    "job_id": {"S": item_id},
-                    "target": {"S": job_id},
-                    "body_hash": {"S": body_hash},
-                    "valid_until": {"N": str(t + IDEMPOTENCY_SECONDS)},
-                    "ttl": {"N": str(t + IDEMPOTENCY_SECONDS)},
-                },
-                ConditionExpression="attribute_not_exists(job_id) OR valid_until < :t",
-                ExpressionAttributeValues={":t": {"N": str(t)}},
-            )
-            return None
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
-                raise
-        item = self.store.ddb.get_item(
-            TableName=self.store.table, Key={"job_id": {"S": item_id}}, ConsistentRead=True
-        ).get("Item")
-        if item is None:  # expired and deleted in between: claim again
-            return self._claim_idempotency_key(tenant, key, req, job_id)
-        if item["body_hash"]["S"] != body_hash:
-            raise Conflict(
-                "Idempotency-Key was already used with a different request body",
-                [{"field": "Idempotency-Key", "message": "reused with another body"}],
-            )
-        target = item["target"]["S"]
-        for _ in range(20):  # the first request may still be writing its record
-            record = self.store.get(target)
-            if record is not None:
-                return render_job(record, self.payloads)
-            time.sleep(0.1)
-        raise Conflict("a request with this Idempotency-Key is still being processed")
+            if created:
+                self.store.discard_unsubmitted(job_id)
+            if stored_input is not None:
+                bucket, key = split_uri(stored_input)
+                self.payloads.s3.delete_object(Bucket=bucket, Key=key)
+        except Exception:
+            log.exception("could not take back the failed submit of %s", job_id)
 
     # ------------------------------------------------------------------ read
     def _record(self, tenant: str, job_id: str) -> dict[str, Any]:

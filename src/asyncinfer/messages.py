@@ -17,14 +17,33 @@ its first delivery knows the record it wrote without reading it back (it marks a
 ``running`` in one TransactWriteItems call, which returns no items; see
 :mod:`asyncinfer.worker.runner`). Together they add at most about 4 KB to a message (metadata at
 most 2 KB, a webhook URL at most 2048 characters).
+
+The body is built (:meth:`JobMessage.dumps`) before the job record is written, so that a body SQS
+would refuse never leaves a record behind: it is at most :data:`MAX_MESSAGE_BYTES` (the submit
+moves a larger inline input to S3) and holds only characters SQS accepts (the rest are written
+as JSON ``\\uXXXX`` escapes, which parse back to the same string).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+
+#: Largest message body SQS takes, bytes (SQS Developer Guide, "Amazon SQS message quotas":
+#: 256 KiB, the limit every region and the emulator share).
+MAX_MESSAGE_BYTES = 256 * 1024
+
+#: Characters SQS refuses in a body (SQS API Reference, "SendMessage": only #x9, #xA, #xD,
+#: #x20-#xD7FF, #xE000-#xFFFD and #x10000-#x10FFFF are allowed). ``json.dumps`` already escapes
+#: the controls below #x20; these are the others it writes as they are.
+_SQS_REFUSED = re.compile("[\ud800-\udfff\ufffe\uffff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
 
 
 class JobMessage(BaseModel):
@@ -46,5 +65,15 @@ class JobMessage(BaseModel):
     webhook: str | None = None
 
     def dumps(self) -> str:
-        """The message body."""
-        return json.dumps(self.model_dump(mode="json"), separators=(",", ":"), ensure_ascii=False)
+        """The message body: compact JSON with only the characters SQS accepts.
+
+        Raises:
+            ValueError: a value JSON cannot carry (the submit checks inputs first).
+        """
+        text = json.dumps(self.model_dump(mode="json"), separators=(",", ":"), ensure_ascii=False)
+        return _SQS_REFUSED.sub(_escape, text)
+
+    @staticmethod
+    def size(body: str) -> int:
+        """Bytes of ``body`` as SQS counts them (UTF-8)."""
+        return len(body.encode("utf-8", "surrogatepass"))

@@ -21,6 +21,12 @@ Environment variables (all optional unless a component needs the resource):
 ``ASYNCINFER_RETRY_DELAY``          base delay, seconds, before a retryable failure is retried (2)
 ``ASYNCINFER_INLINE_INPUT_BYTES``   inputs larger than this travel through S3 (65536)
 ``ASYNCINFER_RECORD_RETENTION``     seconds a job record lives after creation (TTL; 30 days)
+``ASYNCINFER_MAX_INPUT_BYTES``      largest input a job may have, bytes: the cap of upload
+                                    forms and of what a worker reads (67108864 = 64 MiB)
+``ASYNCINFER_INPUT_LOCATIONS``      comma list of ``bucket`` or ``bucket/prefix`` that
+                                    ``input_url`` may name besides the tenant's own uploads
+``ASYNCINFER_SUBMIT_LEASE``         seconds a submit in progress holds its idempotency key and
+                                    its record waits for its message (120: ~4 API timeouts)
 ``ASYNCINFER_MODEL_CACHE``          where converted checkpoints are cached (~/.cache/asyncinfer)
 ``ASYNCINFER_MAX_BATCH_SIZE``       most jobs a worker runs together (default: the model's)
 ``ASYNCINFER_MAX_WAIT_MS``          how long a worker gathers a batch once a job is in hand (50)
@@ -85,6 +91,9 @@ class Settings(BaseModel):
     retry_delay_seconds: float = 2.0
     inline_input_limit_bytes: int = 64 * 1024
     record_retention_seconds: int = 30 * 24 * 3600
+    max_input_bytes: int = 64 * 1024 * 1024
+    input_locations: list[str] = Field(default_factory=list)
+    submit_lease_seconds: int = 120
     model_cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "asyncinfer")
     max_batch_size: int = 0
     max_wait_ms: float = 50.0
@@ -166,6 +175,11 @@ class Settings(BaseModel):
         take("ASYNCINFER_RETRY_DELAY", "retry_delay_seconds", float)
         take("ASYNCINFER_INLINE_INPUT_BYTES", "inline_input_limit_bytes", int)
         take("ASYNCINFER_RECORD_RETENTION", "record_retention_seconds", int)
+        take("ASYNCINFER_MAX_INPUT_BYTES", "max_input_bytes", int)
+        take("ASYNCINFER_SUBMIT_LEASE", "submit_lease_seconds", int)
+        raw_locations = env.get("ASYNCINFER_INPUT_LOCATIONS")
+        if raw_locations:
+            values["input_locations"] = [x.strip() for x in raw_locations.split(",") if x.strip()]
         take("ASYNCINFER_MODEL_CACHE", "model_cache_dir", Path)
         take("ASYNCINFER_MAX_BATCH_SIZE", "max_batch_size", int)
         take("ASYNCINFER_MAX_WAIT_MS", "max_wait_ms", float)

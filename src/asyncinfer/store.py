@@ -37,7 +37,6 @@ TransactWriteItems calls, each item refused or applied as it would be alone.
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import random
@@ -52,8 +51,8 @@ from botocore.exceptions import ClientError
 
 from asyncinfer import clients, lifecycle
 from asyncinfer.chunks import chunked
-from asyncinfer.errors import InvalidRequest, TransitionRefused
-from asyncinfer.ids import is_job_id
+from asyncinfer.cursors import decode_cursor, encode_cursor
+from asyncinfer.errors import TransitionRefused
 from asyncinfer.settings import Settings, get_settings
 from asyncinfer.timeutil import iso, now
 
@@ -123,6 +122,39 @@ class JobStore:
             Item=to_item(record),
             ConditionExpression="attribute_not_exists(job_id)",
         )
+
+    def confirm_submitted(self, job_id: str, expires_epoch: int) -> None:
+        """End the submit of ``job_id`` once its message is sent: ``expires_epoch`` (N) becomes
+        the job's TTL end and ``submitting_until`` is removed. Until then the record carries
+        ``submitting_until`` (N, epoch seconds) and, as ``expires_epoch``, that same time, so a
+        submit that died between the record and the message (a Lambda timeout) leaves a job
+        the expiry sweeper ends soon instead of one waiting ``queued`` for a message that never
+        comes. Not conditional on the status: a worker may have started the job already."""
+        self._update_item(
+            TableName=self.table,
+            Key={"job_id": {"S": job_id}},
+            UpdateExpression="SET expires_epoch = :e REMOVE submitting_until",
+            ConditionExpression="attribute_exists(job_id)",
+            ExpressionAttributeValues={":e": {"N": str(expires_epoch)}},
+        )
+
+    def discard_unsubmitted(self, job_id: str) -> bool:
+        """Delete the record of a submit that failed before its job was accepted (its message
+        could not be sent), if it is still ``queued`` at attempt 0. A message that was sent after
+        all finds no record, and the worker drops it. Returns whether the record is gone."""
+        try:
+            self.ddb.delete_item(
+                TableName=self.table,
+                Key={"job_id": {"S": job_id}},
+                ConditionExpression="#status = :q AND attempts = :zero",
+                ExpressionAttributeNames={"#status": "status"},
+                ExpressionAttributeValues={":q": {"S": lifecycle.QUEUED}, ":zero": {"N": "0"}},
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            return False
+        return True
 
     def queued_past_expiry(self, now_epoch: int, limit: int = 100) -> list[str]:
         """Ids of up to ``limit`` queued jobs whose ``expires_epoch`` is at or before
@@ -211,9 +243,14 @@ class JobStore:
     ) -> tuple[list[dict[str, Any]], str | None]:
         """A page of ``tenant``'s jobs, newest first, optionally filtered by status and model.
 
-        Returns ``(records, next_cursor)``; ``next_cursor`` is opaque (base64 of the last key) and
-        ``None`` on the last page. Raises :class:`InvalidRequest` (field ``cursor``) for a cursor
-        this service did not issue or that belongs to another tenant.
+        Returns ``(records, next_cursor)``; ``next_cursor`` is opaque (:mod:`asyncinfer.cursors`)
+        and ``None`` on the last page. DynamoDB applies filters after it reads (Developer Guide,
+        "Filter expressions for the Query operation"), so a filter that matches few jobs would
+        read the tenant's whole history in one request: the reads stop after
+        :data:`LIST_MAX_QUERIES` Query calls or :data:`LIST_TIME_BUDGET_SECONDS`, whichever
+        comes first, and the page then holds fewer than ``limit`` records (even none) with a
+        ``next_cursor`` where the reads stopped. Raises :class:`InvalidRequest` (field
+        ``cursor``) for a cursor this service did not issue to ``tenant``.
         """
         kwargs: dict[str, Any] = {
             "TableName": self.table,
@@ -234,30 +271,26 @@ class JobStore:
         if filters:
             kwargs["FilterExpression"] = " AND ".join(filters)
             kwargs["ExpressionAttributeNames"] = names
-        start = _decode_cursor(cursor, tenant) if cursor else None
+        # An empty cursor (``?cursor=``) is no cursor: the first page, as before.
+        start = decode_cursor(cursor, tenant) if cursor else None
         records: list[dict[str, Any]] = []
-        last_key: dict[str, Any] | None = None
-        while len(records) < limit:
-            # Filters apply after Limit, so read in pages until enough records match.
-            kwargs["Limit"] = limit - len(records) if not filters else max(limit, 25)
+        deadline = time.monotonic() + LIST_TIME_BUDGET_SECONDS
+        for _ in range(LIST_MAX_QUERIES):
+            # Filters apply after Limit: read whole pages of keys while filtering.
+            kwargs["Limit"] = limit - len(records) if not filters else LIST_FILTERED_READ
             if start:
                 kwargs["ExclusiveStartKey"] = start
             resp = self.ddb.query(**kwargs)
             items = resp.get("Items", [])
+            start = resp.get("LastEvaluatedKey")
             for idx, item in enumerate(items):
                 records.append(from_item(item))
                 if len(records) == limit:
-                    if idx < len(items) - 1 or resp.get("LastEvaluatedKey"):
-                        last_key = {k: item[k] for k in ("job_id", "tenant")}
-                    break
-            else:
-                start = resp.get("LastEvaluatedKey")
-                last_key = start
-                if not start:
-                    break
-                continue
-            break
-        return records, _encode_cursor(last_key) if last_key else None
+                    more = idx < len(items) - 1 or start is not None
+                    return records, encode_cursor(item) if more else None
+            if not start or time.monotonic() >= deadline:
+                break
+        return records, encode_cursor(start) if start else None
 
     # ------------------------------------------------------------------ transitions
     def transition(
@@ -611,6 +644,12 @@ TRANSACT_BUDGET_BYTES = 3 * 1024 * 1024
 ITEM_BASE_BYTES = 6 * 1024
 #: Calls :meth:`JobStore.transition_many` makes before it writes what is left one by one.
 TRANSACT_ROUNDS = 3
+#: :meth:`JobStore.list_for_tenant`: most Query calls one request makes ...
+LIST_MAX_QUERIES = 4
+#: ... and the seconds after which it makes no more (the API Lambda's timeout is 29 s).
+LIST_TIME_BUDGET_SECONDS = 2.0
+#: Items a filtered Query reads at a time (Limit counts items read, not items matched).
+LIST_FILTERED_READ = 100
 
 
 @dataclass(frozen=True)
@@ -730,26 +769,3 @@ def _transaction_chunks(items: list[T], sizes: list[int]) -> list[list[T]]:
     """``items`` cut into TransactWriteItems calls (:data:`TRANSACT_MAX_ITEMS`,
     :data:`TRANSACT_BUDGET_BYTES`)."""
     return chunked(items, sizes, max_items=TRANSACT_MAX_ITEMS, max_bytes=TRANSACT_BUDGET_BYTES)
-
-
-def _encode_cursor(key: dict[str, Any]) -> str:
-    raw = json.dumps({k: v["S"] for k, v in key.items()}, separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str, tenant: str) -> dict[str, Any]:
-    bad = InvalidRequest(
-        "cursor is not valid", [{"field": "cursor", "message": "not a cursor from this API"}]
-    )
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        data = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        if not isinstance(data, dict) or set(data) != {"job_id", "tenant"}:
-            raise bad
-        if not is_job_id(str(data["job_id"])):
-            raise bad
-    except (ValueError, TypeError):
-        raise bad from None
-    if data["tenant"] != tenant:
-        raise bad
-    return {k: {"S": str(v)} for k, v in data.items()}

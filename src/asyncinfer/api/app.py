@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import json
-from datetime import timedelta
 from functools import lru_cache
 from typing import Annotated, Any
 
@@ -25,16 +24,15 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from ulid import ULID
 
 from asyncinfer import __version__, clients
 from asyncinfer.api.schemas import ErrorBody, JobList, JobRequest, JobView, UploadView
 from asyncinfer.errors import ApiError, InvalidJson, InvalidRequest, NotFound, PayloadTooLarge
+from asyncinfer.inputs import UPLOAD_URL_SECONDS, new_upload
 from asyncinfer.jobs import JobService
 from asyncinfer.lifecycle import STATUSES
 from asyncinfer.observability import instrument, powertools, single
 from asyncinfer.settings import get_settings
-from asyncinfer.timeutil import iso, now
 from asyncinfer.webhooks.secrets import SecretStore, WebhookSecretView
 
 logger, tracer, metrics = powertools("asyncinfer-api")
@@ -42,8 +40,7 @@ logger, tracer, metrics = powertools("asyncinfer-api")
 #: Largest request body the handler takes, bytes. A Lambda proxy request is capped at 6 MB;
 #: larger inputs go through POST /v1/uploads.
 MAX_BODY_BYTES = 6 * 1024 * 1024
-#: Lifetime of upload URLs, seconds.
-UPLOAD_URL_SECONDS = 3600
+__all__ = ["UPLOAD_URL_SECONDS", "app", "handler"]
 
 app = APIGatewayRestResolver(enable_validation=True)
 
@@ -150,20 +147,11 @@ def list_jobs(
     responses={201: _doc("Created", UploadView)},
 )
 def create_upload() -> Response[UploadView]:
-    """A presigned S3 PUT for a large input: 201 ``{"upload_url", "input_url", "expires_at"}``.
-    PUT the JSON input to ``upload_url``, then submit a job with ``input_url``."""
+    """Where to upload a large input: 201 ``{"upload_url", "input_url", "expires_at",
+    "max_bytes", "upload_form"}``. POST the file with ``upload_form`` (S3 refuses one over
+    ``max_bytes``) or PUT it to ``upload_url``, then submit a job with ``input_url``."""
     svc = service()
-    key = f"uploads/{tenant()}/{ULID()}.json"
-    url = clients.client("s3", svc.settings).generate_presigned_url(
-        "put_object",
-        Params={"Bucket": svc.settings.bucket, "Key": key},
-        ExpiresIn=UPLOAD_URL_SECONDS,
-    )
-    body = {
-        "upload_url": url,
-        "input_url": f"s3://{svc.settings.bucket}/{key}",
-        "expires_at": iso(now() + timedelta(seconds=UPLOAD_URL_SECONDS)),
-    }
+    body = new_upload(svc.settings, clients.client("s3", svc.settings), tenant())
     return json_response(201, body)
 
 

@@ -127,12 +127,23 @@ class JobList(BaseModel):
     next_cursor: str | None
 
 
+class UploadForm(BaseModel):
+    """A presigned S3 POST: send ``fields`` and then the file (field ``file``) as
+    multipart/form-data to ``url``; its policy caps the size at ``max_bytes``."""
+
+    url: str
+    fields: dict[str, str]
+
+
 class UploadView(BaseModel):
-    """``POST /v1/uploads``: PUT the input JSON to ``upload_url``, then submit ``input_url``."""
+    """``POST /v1/uploads``: upload the input JSON (``upload_form``, capped at ``max_bytes``
+    by S3, or a PUT to ``upload_url``), then submit ``input_url``."""
 
     upload_url: str
     input_url: str
     expires_at: str
+    max_bytes: int
+    upload_form: UploadForm
 
 
 class ErrorBody(BaseModel):

@@ -31,6 +31,7 @@ from asyncinfer.client.errors import (
     APIError,
     ConfigurationError,
     InternalServerError,
+    PayloadTooLargeError,
     WaitTimeout,
 )
 from asyncinfer.client.models import Job, JobPage, ModelInfo, Upload, WebhookSecret
@@ -402,22 +403,58 @@ class Protocol:
     def upload(self, content: bytes) -> Operation[Upload]:
         data = yield from self._json(self._call("POST", "/v1/uploads"))
         upload = Upload.model_validate(data)
-        put = Call(
-            method="PUT",
-            url=upload.upload_url,  # presigned: no API key goes to the storage service
-            headers={"content-type": "application/json"},
-            content=content,
-            timeout=max(self.config.timeout, 60.0 + len(content) / 1_000_000),
-        )
-        resp = yield from send(put, self.config.retry)
+        if upload.max_bytes is not None and len(content) > upload.max_bytes:
+            raise PayloadTooLargeError(
+                f"input is {len(content)} bytes; the service takes at most {upload.max_bytes}",
+                status=413,
+                body=data,
+            )
+        timeout = max(self.config.timeout, 60.0 + len(content) / 1_000_000)
+        # presigned: no API key goes to the storage service
+        if upload.upload_form is not None:  # S3 itself holds the size cap of its policy
+            body, content_type = form_body(upload.upload_form.fields, content)
+            call = Call(
+                method="POST",
+                url=upload.upload_form.url,
+                headers={"content-type": content_type},
+                content=body,
+                timeout=timeout,
+            )
+        else:  # a server before upload forms
+            call = Call(
+                method="PUT",
+                url=upload.upload_url,
+                headers={"content-type": "application/json"},
+                content=content,
+                timeout=timeout,
+            )
+        resp = yield from send(call, self.config.retry)
         if resp.status_code >= 300:
             raise APIError(
-                f"upload PUT failed: {resp.text[:300]}",
+                f"upload {call.method} failed: {resp.text[:300]}",
                 status=resp.status_code,
                 code="upload_failed",
                 body=resp.text,
             )
         return upload
+
+
+def form_body(fields: Mapping[str, str], content: bytes) -> tuple[bytes, str]:
+    """A multipart/form-data body of an S3 POST upload: ``fields`` first, then the file as
+    field ``file`` (S3 ignores fields after it). Returns ``(body, content type)``."""
+    boundary = uuid.uuid4().hex
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+        for k, v in fields.items()
+    ]
+    parts.append(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+        f'filename="input.json"\r\nContent-Type: application/json\r\n\r\n'.encode()
+        + content
+        + b"\r\n"
+    )
+    parts.append(f"--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
 
 
 UploadData = bytes | str | os.PathLike[str] | Mapping[str, Any] | list[Any]

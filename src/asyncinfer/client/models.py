@@ -86,13 +86,22 @@ class ModelInfo(_Model):
     max_batch_size: int | None = None
 
 
+class UploadForm(_Model):
+    """A presigned S3 POST: ``fields`` then the file, as multipart/form-data, to ``url``."""
+
+    url: str
+    fields: dict[str, str]
+
+
 class Upload(_Model):
-    """``POST /v1/uploads``: PUT the input to ``upload_url`` before ``expires_at``, then submit
-    with ``input_url``."""
+    """``POST /v1/uploads``: upload the input before ``expires_at`` (POST ``upload_form``, whose
+    policy caps it at ``max_bytes``, or PUT ``upload_url``), then submit with ``input_url``."""
 
     upload_url: str
     input_url: str
     expires_at: datetime | None = None
+    max_bytes: int | None = None
+    upload_form: UploadForm | None = None
 
 
 class WebhookSecret(_Model):

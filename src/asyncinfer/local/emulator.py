@@ -1,7 +1,8 @@
 """The local stack's AWS emulator: a moto server in a process of its own on 127.0.0.1.
 
 ``python -m asyncinfer.local.emulator -H 127.0.0.1 -p PORT`` is ``python -m moto.server`` with two
-changes to its DynamoDB backend (:func:`patch_dynamodb`).
+changes to its DynamoDB backend (:func:`patch_dynamodb`) and one to its request parsing
+(:func:`patch_put_bodies`).
 
 **Item operations one at a time.** moto server answers each request in a thread of its own, and
 its DynamoDB backend has no lock: a ``TransactWriteItems`` that is cancelled restores a copy of
@@ -70,6 +71,39 @@ LOCKED = (
     "batch_execute_statement",
 )
 _backend_lock = threading.RLock()
+
+
+def patch_put_bodies() -> bool:
+    """Keep PUT bodies raw in moto server (see the module docstring): werkzeug does not parse
+    them as forms, and moto's dispatcher does not read them to guess the service (it read a
+    form-typed body as UTF-8 and, when that failed, left the request without its body).
+    Returns whether both applied (moto's classes found); idempotent."""
+    try:
+        from moto.core.request import Request
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+    except ImportError:
+        return False
+    read_body = getattr(DomainDispatcherApplication, "_get_body", None)
+    if read_body is None or not hasattr(Request, "want_form_data_parsed"):
+        return False
+    if getattr(Request, "_asyncinfer_raw_puts", False):
+        return True
+    parsed = Request.want_form_data_parsed
+
+    def want_form_data_parsed(self: Any) -> bool:
+        if self.environ.get("REQUEST_METHOD", "").upper() == "PUT":
+            return False
+        return bool(parsed.__get__(self))
+
+    def get_body(self: Any, environ: dict[str, Any]) -> Any:
+        if environ.get("REQUEST_METHOD", "").upper() == "PUT":
+            return None  # the service comes from the path (S3) as for any other body
+        return read_body(self, environ)
+
+    Request.want_form_data_parsed = property(want_form_data_parsed)  # type: ignore[assignment,method-assign]
+    DomainDispatcherApplication._get_body = get_body  # type: ignore[method-assign]
+    Request._asyncinfer_raw_puts = True  # type: ignore[attr-defined]
+    return True
 
 
 def patch_dynamodb() -> bool:
@@ -142,10 +176,12 @@ def start_emulator(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Patch moto (:func:`patch_dynamodb`), then run ``moto.server.main`` with ``argv``."""
+    """Patch moto (:func:`patch_dynamodb`, :func:`patch_put_bodies`), then run
+    ``moto.server.main`` with ``argv``."""
     from moto import server
 
     patch_dynamodb()
+    patch_put_bodies()
     server.main(argv)
 
 

@@ -4,9 +4,15 @@ can publish each model's JSON Schema. No torch import here: the API Lambda loads
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+#: Longest text ``all-minilm-l6-v2`` takes, characters. The model reads its first 256 tokens
+#: (about 1,000 characters of English) and the tokenizer truncates the rest, so this bounds the
+#: tokenizer's work and the job's memory (256 texts: at most ~4 M characters), not the result.
+MAX_EMBEDDING_TEXT_CHARS = 16_384
+EmbeddingText = Annotated[str, StringConstraints(max_length=MAX_EMBEDDING_TEXT_CHARS)]
 
 
 class ChatMessage(BaseModel):
@@ -43,11 +49,12 @@ class GenerationInput(BaseModel):
 
 
 class EmbeddingInput(BaseModel):
-    """Input of ``all-minilm-l6-v2``: ``texts``, 1..256 strings."""
+    """Input of ``all-minilm-l6-v2``: ``texts``, 1..256 strings of at most
+    :data:`MAX_EMBEDDING_TEXT_CHARS` characters each."""
 
     model_config = ConfigDict(extra="forbid")
 
-    texts: list[str] = Field(min_length=1, max_length=256)
+    texts: list[EmbeddingText] = Field(min_length=1, max_length=256)
 
 
 class EchoFault(BaseModel):

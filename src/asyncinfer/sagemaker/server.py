@@ -24,6 +24,7 @@ from typing import Any
 from asyncinfer.errors import ApiError, JobError, WorkerStopping
 from asyncinfer.models.base import ModelHandler, WorkItem
 from asyncinfer.models.registry import MODELS, get_spec, validate_input
+from asyncinfer.payloads import loads_bounded
 
 log = logging.getLogger(__name__)
 PORT = 8080
@@ -100,9 +101,10 @@ class InvocationsApp:
         if not self.ready.is_set() or self.handler is None:
             return _error(503, "model_error", "model is not loaded yet")
         try:
-            data = json.loads(body or b"null")
-        except ValueError:
-            return _error(400, "invalid_input", "request body is not JSON")
+            # The limits of the API's submit and the ECS worker's read (depth, finite numbers).
+            data = loads_bounded(body or b"null", "the request body")
+        except JobError as exc:
+            return _error(400, "invalid_input", exc.message)
         try:
             validated = validate_input(self.spec, data)
         except ApiError as exc:
