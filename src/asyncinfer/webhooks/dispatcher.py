@@ -35,11 +35,6 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-from aws_lambda_powertools.utilities.batch import (
-    BatchProcessor,
-    EventType,
-    process_partial_response,
-)
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
@@ -50,6 +45,7 @@ from asyncinfer.observability import instrument, powertools
 from asyncinfer.settings import Settings, get_settings
 from asyncinfer.store import JobStore
 from asyncinfer.timeutil import iso, now, parse
+from asyncinfer.webhooks.batch import deliver_batch
 from asyncinfer.webhooks.secrets import SecretStore
 from asyncinfer.webhooks.sender import DeliveryResult, WebhookSender
 from asyncinfer.webhooks.signing import event_id, sign_headers
@@ -127,6 +123,7 @@ class WebhookDispatcher:
         first_received_ms: int | None = None,
         receipt_handle: str | None = None,
         queue_url: str | None = None,
+        deadline: float | None = None,
     ) -> str:
         """Deliver the event in ``body``; returns what happened (``skipped``, ``delivered``,
         ``gone``, ``refused``, ``dead_lettered``).
@@ -135,6 +132,8 @@ class WebhookDispatcher:
             receive_count: the message's ApproximateReceiveCount (this event's attempt number).
             first_received_ms: when the event entered the queue (SentTimestamp, epoch ms).
             receipt_handle, queue_url: of the message, to set its visibility for the next try.
+            deadline: ``time.monotonic()`` seconds by which the attempt must be over, when sooner
+                than the sender's timeout (:mod:`.batch`: the Lambda's time left).
 
         Raises:
             WebhookRetry: the attempt failed; the message becomes visible again after the next
@@ -161,7 +160,7 @@ class WebhookDispatcher:
             return "skipped"
 
         headers = sign_headers(body, msg_id, self.secrets.signing_secrets(record["tenant"]))
-        result = self.sender.send(hook["url"], body.encode("utf-8"), headers)
+        result = self.sender.send(hook["url"], body.encode("utf-8"), headers, deadline=deadline)
         log.info(
             "webhook %s %s attempt %s -> %s %s%s",
             etype,
@@ -289,7 +288,7 @@ class WebhookDispatcher:
         )
 
     # ------------------------------------------------------------------ SQS records
-    def handle_record(self, record: SQSRecord) -> str:
+    def handle_record(self, record: SQSRecord, deadline: float | None = None) -> str:
         """:meth:`handle` for one SQS event record (Powertools' data class)."""
         count = record.attributes.approximate_receive_count
         sent = record.attributes.sent_timestamp
@@ -299,6 +298,7 @@ class WebhookDispatcher:
             first_received_ms=int(sent) if sent else None,
             receipt_handle=record.receipt_handle,
             queue_url=self.settings.webhook_queue_url or record.queue_url,
+            deadline=deadline,
         )
 
 
@@ -306,19 +306,21 @@ LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
 
 
 def make_handler(dispatcher: Callable[[], WebhookDispatcher]) -> LambdaHandler:
-    """An SQS-event Lambda handler delivering each record with ``dispatcher()``; the response
-    lists the records to retry (``batchItemFailures``), and only those."""
-
-    def record_handler(record: SQSRecord) -> None:
-        dispatcher().handle_record(record)
+    """An SQS-event Lambda handler delivering each record with ``dispatcher()``, the records of
+    a batch side by side within the Lambda's remaining time (:mod:`.batch`); the response lists
+    the records to retry (``batchItemFailures``), and only those. An all-failed batch is an
+    ordinary answer (every record listed), not an invocation error."""
 
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-        # A processor per call: it holds the batch's state. An all-failed batch is an ordinary
-        # answer here (every record listed), not an invocation error.
-        processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
+        d = dispatcher()
+        remaining = getattr(context, "get_remaining_time_in_millis", None)
         return dict(
-            process_partial_response(
-                event=event, record_handler=record_handler, processor=processor, context=context
+            deliver_batch(
+                event.get("Records") or [],
+                d.handle_record,
+                attempt_seconds=d.sender.timeout,
+                remaining_seconds=remaining() / 1000 if callable(remaining) else None,
+                expected=(WebhookRetry,),
             )
         )
 
