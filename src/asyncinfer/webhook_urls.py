@@ -32,13 +32,20 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from asyncinfer.errors import InvalidRequest
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
+#: How long the submit-time check waits for a name to resolve, seconds; a name not resolved by
+#: then is accepted, as one that does not resolve (it is checked again at send).
+SUBMIT_RESOLVE_SECONDS = 2.0
 #: Longest webhook URL, characters (the queue message limit in :mod:`asyncinfer.messages`).
 MAX_URL_CHARS = 2048
 #: Ports below this are refused, 443 excepted (outside the local stack).
@@ -289,8 +296,10 @@ def check_url(url: str, *, local_mode: bool, resolve: bool = True) -> WebhookUrl
         if not resolve:
             return parsed
         try:
-            infos = socket.getaddrinfo(parsed.host, parsed.port, type=socket.SOCK_STREAM)
-        except (OSError, UnicodeError):
+            infos = resolve_within(
+                _getaddrinfo, parsed.host, parsed.port, time.monotonic() + SUBMIT_RESOLVE_SECONDS
+            )
+        except (OSError, UnicodeError):  # TimeoutError included
             return parsed
         for info in infos:
             addr = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
@@ -302,3 +311,40 @@ def check_url(url: str, *, local_mode: bool, resolve: bool = True) -> WebhookUrl
             f"webhook.url is not allowed: {msg}",
             [{"field": "webhook.url", "message": msg, "type": "url"}],
         ) from None
+
+
+def _getaddrinfo(host: str, port: int) -> list[Any]:
+    return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+
+
+#: ``getaddrinfo``-like: ``(host, port) -> [(family, type, proto, canonname, sockaddr), ...]``.
+Resolver = Callable[[str, int], list[Any]]
+
+
+def resolve_within(resolver: Resolver, host: str, port: int, deadline: float) -> list[Any]:
+    """``resolver(host, port)`` (``getaddrinfo``-like), given up at ``deadline``.
+
+    ``getaddrinfo`` has no timeout of its own, so it runs in a daemon thread; one that is still
+    waiting at the deadline is left to finish on its own.
+
+    Raises:
+        TimeoutError: the name was not resolved by the deadline.
+        OSError, UnicodeError: as the resolver.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["infos"] = resolver(host, port)
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+
+    t = threading.Thread(target=run, name="webhook-resolve", daemon=True)
+    t.start()
+    t.join(max(0.0, deadline - time.monotonic()))
+    if t.is_alive():
+        raise TimeoutError(f"{host} was not resolved before the attempt's deadline")
+    if "error" in box:
+        raise box["error"]
+    infos: list[Any] = box["infos"]
+    return infos

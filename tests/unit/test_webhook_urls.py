@@ -223,3 +223,19 @@ def test_443_and_unprivileged_ports_pass(port: int) -> None:
 def test_local_stack_allows_any_port() -> None:
     check_url("http://127.0.0.1:9/h", local_mode=True, resolve=False)
     check_url("http://127.0.0.1:80/h", local_mode=True, resolve=False)
+
+
+def test_a_slow_resolver_does_not_hold_the_submit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import asyncinfer.webhook_urls as wu
+
+    def slow(*a: Any, **k: Any) -> list[Any]:
+        time.sleep(4)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.7", 443))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    monkeypatch.setattr(wu, "SUBMIT_RESOLVE_SECONDS", 0.5)
+    t0 = time.monotonic()
+    check_url("https://hooks.example.com/h", local_mode=False)  # accepted; checked at send
+    assert time.monotonic() - t0 < 2.5

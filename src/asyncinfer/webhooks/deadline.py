@@ -11,7 +11,7 @@ seconds) and nothing more:
   or write by one timeout); writes are sent a piece at a time, each ``send`` with the time left;
 * :class:`DeadlineTransport`, an ``httpx`` transport over an ``httpcore`` connection pool using
   that backend (no keep-alive, no retries, HTTP/1.1);
-* :func:`resolve_within`, ``getaddrinfo`` in a daemon thread, waited for until the deadline.
+* name resolution within the deadline: :func:`asyncinfer.webhook_urls.resolve_within`.
 
 Errors are httpx's: :class:`httpx.TimeoutException` once the deadline has passed.
 """
@@ -19,9 +19,8 @@ Errors are httpx's: :class:`httpx.TimeoutException` once the deadline has passed
 from __future__ import annotations
 
 import ssl
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpcore
@@ -210,35 +209,3 @@ class DeadlineTransport(httpx.BaseTransport):
     def close(self) -> None:
         """Close the pool (and its connection)."""
         self._pool.close()
-
-
-Resolver = Callable[[str, int], list[Any]]
-
-
-def resolve_within(resolver: Resolver, host: str, port: int, deadline: float) -> list[Any]:
-    """``resolver(host, port)`` (``getaddrinfo``-like), given up at ``deadline``.
-
-    ``getaddrinfo`` has no timeout of its own, so it runs in a daemon thread; one that is still
-    waiting at the deadline is left to finish on its own.
-
-    Raises:
-        TimeoutError: the name was not resolved by the deadline.
-        OSError, UnicodeError: as the resolver.
-    """
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["infos"] = resolver(host, port)
-        except BaseException as exc:  # handed to the caller
-            box["error"] = exc
-
-    t = threading.Thread(target=run, name="webhook-resolve", daemon=True)
-    t.start()
-    t.join(max(0.0, deadline - time.monotonic()))
-    if t.is_alive():
-        raise TimeoutError(f"{host} was not resolved before the attempt's deadline")
-    if "error" in box:
-        raise box["error"]
-    infos: list[Any] = box["infos"]
-    return infos

@@ -41,8 +41,9 @@ from asyncinfer.webhook_urls import (
     check_address,
     parse_host,
     parse_url,
+    resolve_within,
 )
-from asyncinfer.webhooks.deadline import DeadlineTransport, resolve_within
+from asyncinfer.webhooks.deadline import DeadlineTransport
 
 log = logging.getLogger("asyncinfer.webhooks")
 
