@@ -351,10 +351,11 @@ def _conflicts(v: dict[str, Any]) -> list[str]:
             f"worker_dockerfile={v['worker_dockerfile']!r}: no such file inside the repository "
             "(the worker image builds from the repository root with this Dockerfile)"
         )
-    if not 2 <= v["webhook_reserved_concurrency"] <= SQS_MAX_CONCURRENCY:
+    wrc = v["webhook_reserved_concurrency"]
+    if wrc != 0 and not 2 <= wrc <= SQS_MAX_CONCURRENCY:
         # The dispatcher's SQS event source takes the same number as its maximum concurrency.
         p.append(
-            f"webhook_reserved_concurrency={v['webhook_reserved_concurrency']} must be in "
+            f"webhook_reserved_concurrency={wrc} must be 0 (none) or in "
             f"2..{SQS_MAX_CONCURRENCY} (SQS event source MaximumConcurrency)"
         )
     if v["powertools_layer_version"] < 1:

@@ -84,6 +84,8 @@ class WebhookDelivery(Construct):
         reserved_concurrency: the dispatcher's reserved concurrency (and its SQS event source's
             maximum concurrency, so the source never invokes it into throttling): webhooks get
             that many concurrent batches whatever the API's long polls use, and never more.
+            0: no reservation and no maximum (accounts whose concurrency quota is too small to
+            reserve any: AWS keeps at least 100 unreserved).
         removal_policy: of the secrets key (RETAIN keeps tenants' secrets readable with the data).
 
     The dispatcher runs outside any VPC (defence in depth against SSRF: it has no route into a
@@ -158,7 +160,8 @@ class WebhookDelivery(Construct):
         ).function
         cfn_function = self.function.node.default_child
         assert isinstance(cfn_function, lambda_.CfnFunction)
-        cfn_function.reserved_concurrent_executions = reserved_concurrency
+        if reserved_concurrency:
+            cfn_function.reserved_concurrent_executions = reserved_concurrency
         table.grant_read_write_data(self.function)
         self.grant_secrets(self.function)
         self.queue.grant(self.function, "sqs:ChangeMessageVisibility")
@@ -168,7 +171,7 @@ class WebhookDelivery(Construct):
                 self.queue,
                 batch_size=queues.BATCH_SIZE,
                 report_batch_item_failures=True,
-                max_concurrency=reserved_concurrency,
+                max_concurrency=reserved_concurrency or None,
             )
         )
         self.dlq_alarm = self.dlq.metric_approximate_number_of_messages_visible(

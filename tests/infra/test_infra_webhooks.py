@@ -137,7 +137,7 @@ def test_webhook_queue_and_timeout_are_the_local_stacks(any_mode: Any) -> None:
     assert queue["RedrivePolicy"]["maxReceiveCount"] == queues.MAX_RECEIVE_COUNT
 
 
-@pytest.mark.parametrize("value", [0, 1, 1001, "x"])
+@pytest.mark.parametrize("value", [-1, 1, 1001, "x"])
 def test_reserved_concurrency_setting_is_validated(value: Any) -> None:
     with pytest.raises(DeployConfigError, match="webhook_reserved_concurrency"):
         load_config({"webhook_reserved_concurrency": value})
@@ -146,3 +146,42 @@ def test_reserved_concurrency_setting_is_validated(value: Any) -> None:
 def test_reserved_concurrency_setting_default_and_override() -> None:
     assert load_config({}).webhook_reserved_concurrency == DEFAULT_RESERVED_CONCURRENCY
     assert load_config({"webhook_reserved_concurrency": "25"}).webhook_reserved_concurrency == 25
+    assert load_config({"webhook_reserved_concurrency": 0}).webhook_reserved_concurrency == 0
+
+
+def test_no_reservation_when_set_to_zero() -> None:
+    import aws_cdk as cdk
+    from aws_cdk import aws_dynamodb as dynamodb
+    from aws_cdk import aws_lambda as lambda_
+    from aws_cdk import aws_sns as sns
+    from aws_cdk.assertions import Match, Template
+
+    from infra.components.webhooks import WebhookDelivery
+
+    stack = cdk.Stack(cdk.App(), "T")
+    table = dynamodb.Table(
+        stack,
+        "J",
+        partition_key=dynamodb.Attribute(name="job_id", type=dynamodb.AttributeType.STRING),
+    )
+    layer = lambda_.LayerVersion.from_layer_version_arn(
+        stack, "L", "arn:aws:lambda:us-east-1:017000801446:layer:x:1"
+    )
+    WebhookDelivery(
+        stack,
+        "W",
+        topic=sns.Topic(stack, "E"),
+        table=table,
+        environment={},
+        function_props={"layer": layer, "log_retention": cdk.aws_logs.RetentionDays.ONE_DAY},
+        reserved_concurrency=0,
+    )
+    t = Template.from_stack(stack)
+    t.has_resource_properties(
+        "AWS::Lambda::Function",
+        {
+            "Description": Match.string_like_regexp("webhook dispatcher"),
+            "ReservedConcurrentExecutions": Match.absent(),
+        },
+    )
+    t.has_resource_properties("AWS::Lambda::EventSourceMapping", {"ScalingConfig": Match.absent()})

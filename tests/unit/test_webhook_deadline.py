@@ -229,3 +229,20 @@ def test_a_prompt_receiver_is_delivered_over_the_deadline_transport(
     head = seen[0].decode()
     assert head.startswith("POST /hook?a=1 HTTP/1.1\r\n")
     assert f"Host: 127.0.0.1:{r.port}" in head and "webhook-id: msg_1" in head
+
+
+def test_a_tls_handshake_trickled_a_byte_at_a_time_is_cut_at_the_deadline(
+    receivers: list[SlowReceiver],
+) -> None:
+    def serve(conn: socket.socket) -> None:
+        conn.settimeout(5)
+        conn.recv(65536)  # the ClientHello
+        # A handshake record announcing 16 KB, sent a byte at a time: never complete.
+        _trickle(conn, b"\x16\x03\x03\x40\x00" + b"\x02" * 400, every=0.1)
+
+    r = SlowReceiver(serve)
+    receivers.append(r)
+    sender = WebhookSender(local_mode=True, timeout=TIMEOUT)
+    result, took = _timed(lambda: sender.send(f"https://127.0.0.1:{r.port}/h", b"{}", {}))
+    assert result.outcome == "retry", result
+    assert took < TIMEOUT + SLACK, took
