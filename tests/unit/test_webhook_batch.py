@@ -179,3 +179,57 @@ def test_budgets() -> None:
     assert batch == 6.0 and send == 4.0
     send, batch = batch_deadlines(0.5, 10.0, start=0.0)
     assert batch == 0.0 and send <= 0.0
+
+
+class _ScriptedSender(WebhookSender):
+    """Answers from a script per host, without a network: ``timeout`` or a status."""
+
+    def __init__(self, script: dict[str, str | int]) -> None:
+        super().__init__(timeout=10.0)
+        self.script = script
+        self.sent: list[str] = []
+
+    def send(self, url: str, body: bytes, headers: Any, *, deadline: float | None = None) -> Any:
+        from asyncinfer.webhooks.sender import DeliveryResult
+
+        host = url.split("/")[2]
+        self.sent.append(host)
+        answer = self.script[host]
+        if answer == "timeout":
+            return DeliveryResult("retry", error="no answer within 10 s", timed_out=True)
+        return DeliveryResult("delivered", http_status=int(answer))
+
+
+def test_a_host_that_timed_out_rests_so_it_cannot_fill_the_dispatcher(settings: Settings) -> None:
+    from asyncinfer.webhooks.dispatcher import WebhookRetry
+    from asyncinfer.webhooks.slow_hosts import SlowHosts
+
+    slow = [_job_to(settings, "https://93.184.216.34/hook") for _ in range(3)]
+    other = _job_to(settings, "https://93.184.216.35/hook")
+    sender = _ScriptedSender({"93.184.216.34": "timeout", "93.184.216.35": 204})
+    rest = SlowHosts(cooldown=0.5)
+    d = WebhookDispatcher(settings, sender=sender, slow_hosts=rest)
+    for rec in slow:
+        with pytest.raises(WebhookRetry):
+            d.handle(json.dumps(event_for(rec)))
+    assert sender.sent == ["93.184.216.34"]  # one attempt; the others were put back untried
+    assert (JobStore(settings).get(slow[1]["job_id"]) or {}).get("webhook_attempts") is None
+    assert d.handle(json.dumps(event_for(other))) == "delivered"  # other hosts are not held
+    time.sleep(0.6)  # the rest is over: the next event probes the host again
+    sender.script["93.184.216.34"] = 200
+    assert d.handle(json.dumps(event_for(slow[1]))) == "delivered"
+    assert d.handle(json.dumps(event_for(slow[2]))) == "delivered"
+    assert sender.sent == ["93.184.216.34", "93.184.216.35", "93.184.216.34", "93.184.216.34"]
+
+
+def test_an_event_past_its_window_is_attempted_despite_the_rest(settings: Settings) -> None:
+    from asyncinfer.webhooks.slow_hosts import SlowHosts
+
+    rec = _job_to(settings, "https://93.184.216.34/hook")
+    sender = _ScriptedSender({"93.184.216.34": "timeout"})
+    rest = SlowHosts()
+    rest.timed_out("93.184.216.34:443")
+    d = WebhookDispatcher(settings, sender=sender, slow_hosts=rest)
+    day_ago_ms = int((time.time() - 86401) * 1000)
+    assert d.handle(json.dumps(event_for(rec)), first_received_ms=day_ago_ms) == "dead_lettered"
+    assert sender.sent == ["93.184.216.34"]

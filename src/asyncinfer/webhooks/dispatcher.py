@@ -17,6 +17,9 @@ delivery (in AWS: this module's :func:`lambda_handler` behind an SQS event sourc
   backoff delay (exponential, with jitter), so SQS delivers it again then. Once the event has
   been retried for ``webhook_retry_window_seconds`` (24 h) it goes to the webhook dead-letter
   queue and the job's webhook is ``failed``.
+* a host whose attempt ran into the 10 s deadline gets no other attempt from this process for a
+  minute (:mod:`.slow_hosts`): its other events are put back on the queue without one, so a slow
+  receiver cannot fill the dispatcher's reserved concurrency and hold other tenants' events.
 
 The job record keeps ``webhook_status`` (``pending`` / ``delivered`` / ``failed``),
 ``webhook_attempts``, ``webhook_last_http_status``, ``webhook_last_response`` (at most 1 KB),
@@ -45,10 +48,12 @@ from asyncinfer.observability import instrument, powertools
 from asyncinfer.settings import Settings, get_settings
 from asyncinfer.store import JobStore
 from asyncinfer.timeutil import iso, now, parse
+from asyncinfer.webhook_urls import ForbiddenAddress, parse_url
 from asyncinfer.webhooks.batch import deliver_batch
 from asyncinfer.webhooks.secrets import SecretStore
 from asyncinfer.webhooks.sender import DeliveryResult, WebhookSender
 from asyncinfer.webhooks.signing import event_id, sign_headers
+from asyncinfer.webhooks.slow_hosts import SlowHosts
 
 log = logging.getLogger("asyncinfer.webhooks")
 
@@ -106,6 +111,7 @@ class WebhookDispatcher:
         *,
         sender: WebhookSender | None = None,
         rng: random.Random | None = None,
+        slow_hosts: SlowHosts | None = None,
     ) -> None:
         self.settings = settings
         self.store = JobStore(settings)
@@ -113,6 +119,7 @@ class WebhookDispatcher:
         self.sqs = clients.client("sqs", settings)
         self.sender = sender or WebhookSender(local_mode=settings.local_mode)
         self.rng = rng or random.Random()
+        self.slow_hosts = slow_hosts or SlowHosts()
 
     # ------------------------------------------------------------------ one event
     def handle(
@@ -159,8 +166,24 @@ class WebhookDispatcher:
             log.info("webhook of %s answered 410 Gone earlier; %s not sent", job_id, etype)
             return "skipped"
 
+        host = _host_key(hook["url"], self.settings.local_mode)
+        window_over = time.time() - _first_try(event, first_received_ms) >= (
+            self.settings.webhook_retry_window_seconds
+        )
+        rest = self.slow_hosts.rest_left(host) if host else 0.0
+        if rest > 0 and not window_over:
+            delay = min(MAX_VISIBILITY_SECONDS, math.ceil(rest + self.rng.uniform(0, rest / 2)))
+            self._set_visibility(job_id, receipt_handle, queue_url, delay)
+            raise WebhookRetry(
+                f"webhook {etype} {job_id}: {host} timed out recently; deferred {delay} s"
+            )
+
         headers = sign_headers(body, msg_id, self.secrets.signing_secrets(record["tenant"]))
         result = self.sender.send(hook["url"], body.encode("utf-8"), headers, deadline=deadline)
+        if host and result.timed_out:
+            self.slow_hosts.timed_out(host)
+        elif host and result.http_status is not None:
+            self.slow_hosts.answered(host)
         log.info(
             "webhook %s %s attempt %s -> %s %s%s",
             etype,
@@ -193,6 +216,17 @@ class WebhookDispatcher:
             self.settings.webhook_retry_max_delay_seconds,
             self.rng,
         )
+        self._set_visibility(job_id, receipt_handle, queue_url, delay)
+        raise WebhookRetry(
+            f"webhook {etype} {job_id}: attempt {receive_count} failed "
+            f"({result.http_status or result.error}); next in {delay} s"
+        )
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _set_visibility(
+        self, job_id: str, receipt_handle: str | None, queue_url: str | None, delay: int
+    ) -> None:
+        """Have SQS deliver the message again in ``delay`` seconds."""
         url = queue_url or self.settings.webhook_queue_url
         if receipt_handle and url:
             try:
@@ -201,12 +235,7 @@ class WebhookDispatcher:
                 )
             except ClientError as exc:  # the queue's own visibility timeout applies then
                 log.warning("could not set the retry delay of %s: %s", job_id, exc)
-        raise WebhookRetry(
-            f"webhook {etype} {job_id}: attempt {receive_count} failed "
-            f"({result.http_status or result.error}); next in {delay} s"
-        )
 
-    # ------------------------------------------------------------------ bookkeeping
     def _note(
         self,
         job_id: str,
@@ -341,3 +370,13 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     """The webhook dispatcher Lambda (SQS event source on the webhook queue, with
     ``ReportBatchItemFailures``)."""
     return _handle(event, context)
+
+
+def _host_key(url: str, local_mode: bool) -> str | None:
+    """``host:port`` of a webhook URL (what :mod:`.slow_hosts` rests), ``None`` if it is not one
+    the sender would send to."""
+    try:
+        u = parse_url(url, local_mode=local_mode)
+    except ForbiddenAddress:
+        return None
+    return f"{u.host}:{u.port}"

@@ -63,7 +63,7 @@ class DeliveryResult:
 
     ``outcome``: ``delivered`` (2xx), ``gone`` (410: stop), ``refused`` (the URL or the address it
     resolves to is forbidden: nothing was sent), ``retry`` (any other status, a timeout, a
-    connection or name resolution error).
+    connection or name resolution error). ``timed_out``: the attempt ran into its deadline.
     """
 
     outcome: Outcome
@@ -71,6 +71,7 @@ class DeliveryResult:
     response: str = ""
     error: str | None = None
     address: str | None = None
+    timed_out: bool = False
 
 
 @lru_cache(maxsize=1)
@@ -214,7 +215,9 @@ class WebhookSender:
         except ForbiddenAddress as exc:
             return DeliveryResult("refused", error=f"refused: {exc}")
         except TimeoutError:
-            return DeliveryResult("retry", error=f"no answer within {end - started:.3g} s")
+            return DeliveryResult(
+                "retry", error=f"no answer within {end - started:.3g} s", timed_out=True
+            )
         except OSError as exc:
             return DeliveryResult("retry", error=f"name resolution failed: {exc}")
         transport = self.transport or DeadlineTransport(end, _ssl_context())
@@ -231,7 +234,10 @@ class WebhookSender:
                     response.close()
         except httpx.TimeoutException:
             return DeliveryResult(
-                "retry", error=f"no answer within {end - started:.3g} s", address=addr
+                "retry",
+                error=f"no answer within {end - started:.3g} s",
+                address=addr,
+                timed_out=True,
             )
         except httpx.HTTPError as exc:
             return DeliveryResult("retry", error=f"{type(exc).__name__}: {exc}"[:300], address=addr)
