@@ -222,13 +222,34 @@ def test_a_host_that_timed_out_rests_so_it_cannot_fill_the_dispatcher(settings: 
     assert sender.sent == ["93.184.216.34", "93.184.216.35", "93.184.216.34", "93.184.216.34"]
 
 
+def test_one_tenants_slow_endpoint_does_not_rest_another_tenants(settings: Settings) -> None:
+    from asyncinfer.webhooks.dispatcher import WebhookRetry
+    from asyncinfer.webhooks.slow_hosts import SlowHosts
+
+    a = _job_to(settings, "https://93.184.216.34/slow")
+    b = _job_to(settings, "https://93.184.216.34/fine")
+    store = JobStore(settings)
+    store.ddb.update_item(
+        TableName=store.table,
+        Key={"job_id": {"S": b["job_id"]}},
+        UpdateExpression="SET tenant = :t",
+        ExpressionAttributeValues={":t": {"S": "tenant-b"}},
+    )
+    sender = _ScriptedSender({"93.184.216.34": "timeout"})
+    d = WebhookDispatcher(settings, sender=sender, slow_hosts=SlowHosts())
+    with pytest.raises(WebhookRetry):
+        d.handle(json.dumps(event_for(a)))
+    sender.script["93.184.216.34"] = 200
+    assert d.handle(json.dumps(event_for(b))) == "delivered"  # tenant-b's not rested
+
+
 def test_an_event_past_its_window_is_attempted_despite_the_rest(settings: Settings) -> None:
     from asyncinfer.webhooks.slow_hosts import SlowHosts
 
     rec = _job_to(settings, "https://93.184.216.34/hook")
     sender = _ScriptedSender({"93.184.216.34": "timeout"})
     rest = SlowHosts()
-    rest.timed_out("93.184.216.34:443")
+    rest.timed_out("tenant-a 93.184.216.34:443")
     d = WebhookDispatcher(settings, sender=sender, slow_hosts=rest)
     day_ago_ms = int((time.time() - 86401) * 1000)
     assert d.handle(json.dumps(event_for(rec)), first_received_ms=day_ago_ms) == "dead_lettered"

@@ -17,9 +17,10 @@ delivery (in AWS: this module's :func:`lambda_handler` behind an SQS event sourc
   backoff delay (exponential, with jitter), so SQS delivers it again then. Once the event has
   been retried for ``webhook_retry_window_seconds`` (24 h) it goes to the webhook dead-letter
   queue and the job's webhook is ``failed``.
-* a host whose attempt ran into the 10 s deadline gets no other attempt from this process for a
-  minute (:mod:`.slow_hosts`): its other events are put back on the queue without one, so a slow
-  receiver cannot fill the dispatcher's reserved concurrency and hold other tenants' events.
+* a tenant's host whose attempt ran into the 10 s deadline gets no other attempt of the tenant
+  from this process for a minute (:mod:`.slow_hosts`): those events are put back on the queue
+  untried, so a slow receiver cannot fill the dispatcher's reserved concurrency and hold other
+  tenants' events.
 
 The job record keeps ``webhook_status`` (``pending`` / ``delivered`` / ``failed``),
 ``webhook_attempts``, ``webhook_last_http_status``, ``webhook_last_response`` (at most 1 KB),
@@ -166,7 +167,7 @@ class WebhookDispatcher:
             log.info("webhook of %s answered 410 Gone earlier; %s not sent", job_id, etype)
             return "skipped"
 
-        host = _host_key(hook["url"], self.settings.local_mode)
+        host = _host_key(record["tenant"], hook["url"], self.settings.local_mode)
         window_over = time.time() - _first_try(event, first_received_ms) >= (
             self.settings.webhook_retry_window_seconds
         )
@@ -372,11 +373,12 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     return _handle(event, context)
 
 
-def _host_key(url: str, local_mode: bool) -> str | None:
-    """``host:port`` of a webhook URL (what :mod:`.slow_hosts` rests), ``None`` if it is not one
-    the sender would send to."""
+def _host_key(tenant: str, url: str, local_mode: bool) -> str | None:
+    """``<tenant> <host>:<port>`` of a webhook URL, what :mod:`.slow_hosts` rests (per tenant, so
+    one tenant's slow endpoint on a shared host never rests another tenant's), or ``None`` if it
+    is not one the sender would send to."""
     try:
         u = parse_url(url, local_mode=local_mode)
     except ForbiddenAddress:
         return None
-    return f"{u.host}:{u.port}"
+    return f"{tenant} {u.host}:{u.port}"

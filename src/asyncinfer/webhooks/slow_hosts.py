@@ -4,11 +4,13 @@ Side-by-side batches (:mod:`.batch`) keep a slow receiver from delaying the othe
 batch, but every attempt at it still holds one of the dispatcher's threads for the full 10 s, and
 the dispatcher's concurrency is reserved and bounded: a tenant with a thousand events for a
 receiver that trickles would fill it for minutes, and other tenants' events would wait in the
-queue behind them. So once an attempt at a host (and port) has timed out, the same dispatcher
-process sends nothing more to it for :data:`COOLDOWN_SECONDS`: its other events are put back on
-the queue for about that long (message visibility) without an attempt, and the first one after
-the rest probes it again. A delivery to the host ends the rest at once. Events keep their retry
-window: one whose window is over is attempted (and then dead-lettered) whatever the host's rest.
+queue behind them. So once a tenant's attempt at a host (and port) has timed out, the same
+dispatcher process sends nothing more of that tenant to it for :data:`COOLDOWN_SECONDS` (keyed
+by tenant, so one tenant's slow endpoint on a shared host never rests another's): those events
+are put back on the queue for about that long (message visibility) without an attempt, and the
+first one after the rest probes it again. A delivery to the host ends the rest at once. Events
+keep their retry window: one whose window is over is attempted (and then dead-lettered) whatever
+the host's rest.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ COOLDOWN_SECONDS = 60.0
 
 
 class SlowHosts:
-    """Which hosts (``host:port``) are resting, and for how long (thread-safe)."""
+    """Which keys (``<tenant> <host>:<port>``) are resting, and for how long (thread-safe)."""
 
     def __init__(self, cooldown: float = COOLDOWN_SECONDS) -> None:
         self.cooldown = cooldown
