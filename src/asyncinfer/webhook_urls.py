@@ -5,7 +5,8 @@ and by the sender (:mod:`asyncinfer.webhooks.sender`), which builds its request 
 parts and never re-parses the text; so a URL the two would read differently cannot exist. It is
 strict: no whitespace, control characters or backslashes anywhere (browsers read ``\\`` as ``/``),
 no credentials, no percent-encoded or bracketed-zone hosts, a port of digits only; non-ASCII host
-names are IDNA-encoded, paths and queries percent-encoded.
+names are IDNA-encoded (refused where IDNA 2003 and 2008 would disagree, as ``ß``), paths and
+queries percent-encoded.
 
 Ports (see docs/webhooks.md): the scheme's default, 443, or 1024..65535. Other well-known ports
 (1..1023) belong to other protocols (SSH, SMTP, DNS, ...) and no webhook receiver listens there;
@@ -34,6 +35,7 @@ import re
 import socket
 import threading
 import time
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -193,12 +195,22 @@ def check_address(addr: IPAddress, *, allow_loopback: bool = False) -> None:
 
 def _encode_host(name: str) -> str:
     """A host name as sent: lower case ASCII (IDNA for non-ASCII), every label LDH."""
-    name = name.lower()
+    name = unicodedata.normalize("NFC", name.lower())
     if not name.isascii():
         try:
-            name = name.encode("idna").decode("ascii")
+            encoded = name.encode("idna").decode("ascii")
+            back = encoded.encode("ascii").decode("idna")
         except UnicodeError as exc:
             raise ForbiddenAddress(f"host {name!r} is not a valid name: {exc}") from None
+        if back != name:
+            # IDNA 2003 (Python's codec) maps some characters away ("ß" to "ss", full-width
+            # letters and dots to ASCII) where IDNA 2008 and browsers keep them: the name would
+            # mean another host to the sender than to the user.
+            raise ForbiddenAddress(
+                f"host {name!r} is ambiguous between IDNA versions; give it as {encoded!r} "
+                "if that is the host meant, or in its xn-- form"
+            )
+        name = encoded
     labels = name.rstrip(".").split(".")
     if len(name) > 253 or not all(_LABEL.match(lb) for lb in labels):
         raise ForbiddenAddress(f"host {name!r} is not a valid name")

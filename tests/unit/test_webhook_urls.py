@@ -176,6 +176,9 @@ MALFORMED = [
     "https://hooks.example/h\x7f",
     "https://hooks.example/h\tx",
     "https://foo.localhost/h",
+    "https://stra\u00dfe.example/h",  # IDNA 2003: strasse.example; IDNA 2008: xn--strae-oqa
+    "https://\uff45xample.com/h",  # full-width: IDNA 2003 maps it to example.com
+    "https://hooks\u3002example.com/h",  # ideographic full stop: a dot to IDNA 2003
     "",
 ]
 
