@@ -254,3 +254,12 @@ def test_an_event_past_its_window_is_attempted_despite_the_rest(settings: Settin
     day_ago_ms = int((time.time() - 86401) * 1000)
     assert d.handle(json.dumps(event_for(rec)), first_received_ms=day_ago_ms) == "dead_lettered"
     assert sender.sent == ["93.184.216.34"]
+
+
+def test_no_attempt_is_started_without_time_for_one() -> None:
+    d = _Stuck()
+    event = {"Records": [{"messageId": m, "body": "{}", "attributes": {}} for m in ("a", "b")]}
+    result = make_handler(lambda: d)(event, FakeContext(remaining=0.5))  # type: ignore[arg-type]
+    assert result == {"batchItemFailures": [{"itemIdentifier": "a"}, {"itemIdentifier": "b"}]}
+    time.sleep(0.2)
+    assert d.done == []  # nothing ran after the answer

@@ -82,6 +82,9 @@ def deliver_batch(
     if not records:
         return {"batchItemFailures": []}
     send_deadline, batch_deadline = batch_deadlines(remaining_seconds, attempt_seconds)
+    if send_deadline <= time.monotonic():  # no time for any attempt: all back to the queue
+        log.warning("no time left for %d webhook messages; retried", len(records))
+        return {"batchItemFailures": [{"itemIdentifier": r["messageId"]} for r in records]}
     pool = ThreadPoolExecutor(max_workers=len(records), thread_name_prefix="webhook")
     futures: list[tuple[str, Future[Any]]] = []
     try:
