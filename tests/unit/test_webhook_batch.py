@@ -263,3 +263,16 @@ def test_no_attempt_is_started_without_time_for_one() -> None:
     assert result == {"batchItemFailures": [{"itemIdentifier": "a"}, {"itemIdentifier": "b"}]}
     time.sleep(0.2)
     assert d.done == []  # nothing ran after the answer
+
+
+def test_a_timeout_our_own_budget_caused_does_not_rest_the_host(settings: Settings) -> None:
+    from asyncinfer.webhooks.dispatcher import WebhookRetry
+    from asyncinfer.webhooks.slow_hosts import SlowHosts
+
+    first, second = (_job_to(settings, "https://93.184.216.34/hook") for _ in range(2))
+    sender = _ScriptedSender({"93.184.216.34": "timeout"})
+    d = WebhookDispatcher(settings, sender=sender, slow_hosts=SlowHosts())
+    with pytest.raises(WebhookRetry):  # the Lambda had 1 s for it, not the receiver's 10 s
+        d.handle(json.dumps(event_for(first)), deadline=time.monotonic() + 1)
+    sender.script["93.184.216.34"] = 200
+    assert d.handle(json.dumps(event_for(second))) == "delivered"
