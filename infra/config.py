@@ -56,6 +56,8 @@ DEFAULTS: dict[str, Any] = {
     "powertools_layer_version": 27,
     "worker_dockerfile": "container/Dockerfile",
     "input_locations": "",
+    # Webhooks (infra/components/webhooks.py): the dispatcher's reserved concurrency.
+    "webhook_reserved_concurrency": 10,
 }
 
 #: ECS task stopTimeout maximum, seconds (ECS task definition parameters, "stopTimeout").
@@ -67,6 +69,8 @@ SQS_MAX_RECEIVE_COUNT = 1000
 #: Lambda guidance: a source queue's visibility timeout should be at least six times the function
 #: timeout (Lambda developer guide, "Using Lambda with Amazon SQS").
 SQS_LAMBDA_VISIBILITY_FACTOR = 6
+#: SQS event source ScalingConfig MaximumConcurrency range is 2..1000 (Lambda API reference).
+SQS_MAX_CONCURRENCY = 1000
 #: SageMaker async MaxConcurrentInvocationsPerInstance range (API reference,
 #: AsyncInferenceClientConfig: 1..1000).
 SAGEMAKER_MAX_CONCURRENCY = 1000
@@ -151,6 +155,7 @@ class DeployConfig:
     #: ``bucket`` or ``bucket/prefix`` entries jobs may name as ``input_url`` (read access is
     #: granted to the workers; ``ASYNCINFER_INPUT_LOCATIONS``).
     input_locations: tuple[str, ...]
+    webhook_reserved_concurrency: int
 
     @property
     def sagemaker_instance_type(self) -> str:
@@ -363,6 +368,13 @@ def _conflicts(v: dict[str, Any]) -> list[str]:
         p.append(
             f"worker_dockerfile={v['worker_dockerfile']!r}: no such file inside the repository "
             "(the worker image builds from the repository root with this Dockerfile)"
+        )
+    wrc = v["webhook_reserved_concurrency"]
+    if wrc != 0 and not 2 <= wrc <= SQS_MAX_CONCURRENCY:
+        # The dispatcher's SQS event source takes the same number as its maximum concurrency.
+        p.append(
+            f"webhook_reserved_concurrency={wrc} must be 0 (none) or in "
+            f"2..{SQS_MAX_CONCURRENCY} (SQS event source MaximumConcurrency)"
         )
     if v["powertools_layer_version"] < 1:
         p.append(f"powertools_layer_version={v['powertools_layer_version']} must be >= 1")

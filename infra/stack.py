@@ -177,7 +177,10 @@ class AsyncInferStack(Stack):
             table=self.table,
             environment=env,
             function_props=fn_common,
+            reserved_concurrency=cfg.webhook_reserved_concurrency,
+            removal_policy=removal,
         )
+        self.webhooks.grant_secrets(self.api_fn)  # tenants' secrets: the API and dispatcher only
 
         # ---------------------------------------------------------------- compute
         image = ecr_assets.DockerImageAsset(

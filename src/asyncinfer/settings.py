@@ -38,6 +38,8 @@ Environment variables (all optional unless a component needs the resource):
 ``ASYNCINFER_LOCAL``                ``1`` on the local stack: webhooks may use http and loopback
 ``ASYNCINFER_WEBHOOK_QUEUE_URL``    SQS queue of the webhook dispatcher (subscribed to the topic)
 ``ASYNCINFER_WEBHOOK_DLQ_URL``      where webhook events go after the retry window
+``ASYNCINFER_WEBHOOK_SECRETS_KEY``  KMS key (id, ARN or alias) that encrypts tenants' webhook
+                                    signing secrets (the API and the webhook dispatcher)
 ``ASYNCINFER_WEBHOOK_RETRY_BASE``   first webhook retry delay, seconds; doubles per attempt (5)
 ``ASYNCINFER_WEBHOOK_RETRY_MAX``    largest webhook retry delay, seconds, at most 43200 (3600)
 ``ASYNCINFER_WEBHOOK_RETRY_WINDOW`` seconds a webhook event is retried before its DLQ (86400)
@@ -102,6 +104,7 @@ class Settings(BaseModel):
     local_mode: bool = False
     webhook_queue_url: str = ""
     webhook_dlq_url: str = ""
+    webhook_secrets_key: str = ""
     webhook_retry_base_seconds: float = 5.0
     webhook_retry_max_delay_seconds: float = 3600.0
     webhook_retry_window_seconds: float = 24 * 3600.0
@@ -186,6 +189,7 @@ class Settings(BaseModel):
         take("ASYNCINFER_TOKEN_BUDGET", "token_budget", int)
         take("ASYNCINFER_WEBHOOK_QUEUE_URL", "webhook_queue_url")
         take("ASYNCINFER_WEBHOOK_DLQ_URL", "webhook_dlq_url")
+        take("ASYNCINFER_WEBHOOK_SECRETS_KEY", "webhook_secrets_key")
         take("ASYNCINFER_WEBHOOK_RETRY_BASE", "webhook_retry_base_seconds", float)
         take("ASYNCINFER_WEBHOOK_RETRY_MAX", "webhook_retry_max_delay_seconds", float)
         take("ASYNCINFER_WEBHOOK_RETRY_WINDOW", "webhook_retry_window_seconds", float)

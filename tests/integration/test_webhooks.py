@@ -26,6 +26,7 @@ from asyncinfer.settings import Settings
 from asyncinfer.store import JobStore
 from asyncinfer.webhooks.dispatcher import WebhookDispatcher, make_handler
 from asyncinfer.webhooks.secrets import SecretStore
+from asyncinfer.webhooks.sender import WebhookSender
 from tests.integration.conftest import Env
 
 
@@ -315,3 +316,54 @@ def test_connects_to_resolved_address_with_original_host_header(
     finally:
         rcv.stop()
     assert rcv.hits[0].headers["host"] == f"hooks.local.test:{rcv.port}"
+
+
+def test_a_trickling_receiver_does_not_delay_another_jobs_webhook(
+    make_env: Callable[..., Env],
+) -> None:
+    """Two events in the webhook queue, the first to a receiver that trickles its status line a
+    byte at a time: the second is delivered at once, and the first attempt ends at the deadline
+    (one deadline for the whole attempt, records of a batch side by side)."""
+    from tests.unit.test_webhook_deadline import SlowReceiver, _read_request, _trickle
+
+    env = make_env(local_mode=True)
+    settings = env.settings.model_copy(
+        update={
+            "webhook_queue_url": env.resources.webhook_queue,
+            "webhook_dlq_url": env.resources.webhook_dlq,
+        }
+    )
+
+    def slow(conn: socket.socket) -> None:
+        _read_request(conn)
+        _trickle(conn, b"HTTP/1.1 200 OK\r\n" + b"X: " + b"a" * 500, every=0.1)
+
+    trickler = SlowReceiver(slow)
+    rcv = Receiver([204]).start()
+    timeout = 3.0
+    try:
+        slow_id = finish_job(settings, trickler.url)
+        fast_id = finish_job(settings, rcv.url())
+        dispatcher = WebhookDispatcher(
+            settings, sender=WebhookSender(local_mode=True, timeout=timeout)
+        )
+        handler = make_handler(lambda: dispatcher)
+        sqs = clients.client("sqs", settings)
+        t0 = time.monotonic()
+        fast_at: float | None = None
+        while time.monotonic() - t0 < 20:
+            pump_once(sqs, settings.webhook_queue_url, lambda ev: handler(ev, None), wait=1)
+            if fast_at is None and rcv.hits:
+                fast_at = time.monotonic() - t0
+            if rcv.hits and webhook_view(settings, slow_id)["attempts"] >= 1:
+                break
+    finally:
+        rcv.stop()
+        trickler.close()
+    assert fast_at is not None and len(rcv.hits) == 1
+    assert webhook_view(settings, fast_id)["status"] == "delivered"
+    slow_view = webhook_view(settings, slow_id)
+    assert slow_view["status"] == "pending" and slow_view["last_http_status"] is None
+    assert "no answer within" in env.job(slow_id)["webhook_last_error"]
+    # Both were received in the first batch or two; the prompt one never waited for the slow.
+    assert fast_at < timeout + 2, fast_at

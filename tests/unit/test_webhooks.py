@@ -11,9 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
+from botocore.exceptions import ClientError
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from asyncinfer.api.schemas import JobRequest
+from asyncinfer.errors import ConfigError
 from asyncinfer.events import event_for
 from asyncinfer.jobs import JobService
 from asyncinfer.settings import Settings
@@ -26,7 +28,7 @@ from asyncinfer.webhooks.dispatcher import (
     make_handler,
     parse_event,
 )
-from asyncinfer.webhooks.secrets import SecretStore
+from asyncinfer.webhooks.secrets import SecretStore, encryption_context
 from asyncinfer.webhooks.sender import MAX_RESPONSE_BYTES, WebhookSender
 from asyncinfer.webhooks.signing import event_id, new_secret, sign_headers
 from tests.conftest import ApiCaller
@@ -422,3 +424,54 @@ def test_lambda_handler_reports_partial_batch_failures(settings: Settings) -> No
     event2 = {"Records": [record("m3", bad)]}
     event2["Records"][0]["attributes"]["SentTimestamp"] = now_ms
     assert handler(event2, None) == {"batchItemFailures": [{"itemIdentifier": "m3"}]}
+
+
+# ---------------------------------------------------------------------------- secrets encrypted
+def test_secrets_are_stored_only_as_kms_ciphertexts_of_their_tenant(
+    api: ApiCaller, settings: Settings
+) -> None:
+    first = api("GET", "/v1/webhooks/secret")[1]["secret"]
+    rotated = api("POST", "/v1/webhooks/secret/rotate")[1]["secret"]
+    store = JobStore(settings)
+    item = store.ddb.get_item(
+        TableName=settings.table_name, Key={"job_id": {"S": "whsec#tenant-a"}}
+    )["Item"]
+    text = json.dumps(item, default=str)
+    assert first not in text and rotated not in text  # nothing in the clear
+    assert first[6:] not in text and rotated[6:] not in text
+    assert set(item) >= {"secret_ct", "previous_secret_ct", "created_at"}
+    kms = SecretStore(settings).kms
+    blob = item["secret_ct"]["B"]
+    ok = kms.decrypt(CiphertextBlob=blob, EncryptionContext=encryption_context("tenant-a"))
+    assert ok["Plaintext"].decode() == rotated
+    # Without the context, or under another tenant's, the ciphertext does not decrypt.
+    for ctx in ({}, encryption_context("tenant-b")):
+        with pytest.raises(ClientError, match="InvalidCiphertext"):
+            kms.decrypt(CiphertextBlob=blob, EncryptionContext=ctx)
+
+
+def test_a_secret_stored_in_the_clear_is_encrypted_in_place_unchanged(
+    api: ApiCaller, settings: Settings
+) -> None:
+    store = JobStore(settings)
+    clear, prev = new_secret(), new_secret()
+    legacy = {
+        "job_id": {"S": "whsec#tenant-a"},
+        "secret": {"S": clear},
+        "created_at": {"S": "2026-01-01T00:00:00.000Z"},
+        "previous_secret": {"S": prev},
+        "previous_expires_at": {"S": "2999-01-01T00:00:00.000Z"},
+    }
+    store.ddb.put_item(TableName=settings.table_name, Item=legacy)
+    view = api("GET", "/v1/webhooks/secret")[1]
+    assert (view["secret"], view["previous_secret"]) == (clear, prev)
+    assert view["created_at"] == "2026-01-01T00:00:00.000Z"
+    item = store.ddb.get_item(TableName=settings.table_name, Key={"job_id": legacy["job_id"]})
+    assert "secret" not in item["Item"] and "previous_secret" not in item["Item"]
+    assert clear not in json.dumps(item, default=str)
+    assert SecretStore(settings).signing_secrets("tenant-a") == [clear, prev]
+
+
+def test_secret_store_needs_its_key(settings: Settings) -> None:
+    with pytest.raises(ConfigError, match="ASYNCINFER_WEBHOOK_SECRETS_KEY"):
+        SecretStore(settings.model_copy(update={"webhook_secrets_key": ""}))

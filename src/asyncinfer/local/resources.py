@@ -1,6 +1,7 @@
 """Creates the AWS resources of the service on an endpoint (the emulator), shaped as the CDK app
-shapes them in AWS: the job table (keys, GSI, TTL), the bucket, the events topic, and a queue per
-model with its dead-letter queue (redrive policy with maxReceiveCount)."""
+shapes them in AWS: the job table (keys, GSI, TTL), the bucket, the events topic, a queue per
+model with its dead-letter queue (redrive policy with maxReceiveCount), the webhook queues and
+the KMS key of the webhook secrets."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from asyncinfer import clients
 from asyncinfer.settings import Settings
 from asyncinfer.store import QUEUED_INDEX, RUNNING_INDEX, TENANT_INDEX
 from asyncinfer.webhooks.queues import create_webhook_queues
+from asyncinfer.webhooks.secrets import create_secrets_key
 
 #: SQS message retention, seconds: longer than the largest job TTL (259200 s), as in AWS.
 MESSAGE_RETENTION_SECONDS = 4 * 24 * 3600
@@ -29,6 +31,7 @@ class Resources:
     event_log_queue: str = ""
     webhook_queue: str = ""
     webhook_dlq: str = ""
+    webhook_secrets_key: str = ""
 
     @property
     def models(self) -> list[str]:
@@ -45,6 +48,7 @@ class Resources:
                 "topic_arn": self.topic_arn,
                 "queue_urls": self.queues,
                 "models": self.models,
+                "webhook_secrets_key": self.webhook_secrets_key,
             }
         )
 
@@ -58,6 +62,7 @@ class Resources:
             "ASYNCINFER_MODELS": ",".join(self.models),
             "ASYNCINFER_WEBHOOK_QUEUE_URL": self.webhook_queue,
             "ASYNCINFER_WEBHOOK_DLQ_URL": self.webhook_dlq,
+            "ASYNCINFER_WEBHOOK_SECRETS_KEY": self.webhook_secrets_key,
         }
 
 
@@ -166,6 +171,9 @@ def create_resources(
         res.event_log_queue = url
     # The webhook dispatcher's queue (subscribed to the topic) and its dead-letter queue.
     res.webhook_queue, res.webhook_dlq = create_webhook_queues(sqs, sns, topic_arn, prefix)
+    # The KMS key that encrypts tenants' webhook signing secrets (as in AWS).
+    kms = clients.client("kms", settings)
+    res.webhook_secrets_key = create_secrets_key(kms, f"alias/{prefix}-webhook-secrets")
     return res
 
 

@@ -17,6 +17,10 @@ delivery (in AWS: this module's :func:`lambda_handler` behind an SQS event sourc
   backoff delay (exponential, with jitter), so SQS delivers it again then. Once the event has
   been retried for ``webhook_retry_window_seconds`` (24 h) it goes to the webhook dead-letter
   queue and the job's webhook is ``failed``.
+* a tenant's host whose attempt ran into the 10 s deadline gets no other attempt of the tenant
+  from this process for a minute (:mod:`.slow_hosts`): those events are put back on the queue
+  untried, so a slow receiver cannot fill the dispatcher's reserved concurrency and hold other
+  tenants' events.
 
 The job record keeps ``webhook_status`` (``pending`` / ``delivered`` / ``failed``),
 ``webhook_attempts``, ``webhook_last_http_status``, ``webhook_last_response`` (at most 1 KB),
@@ -35,11 +39,6 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-from aws_lambda_powertools.utilities.batch import (
-    BatchProcessor,
-    EventType,
-    process_partial_response,
-)
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
@@ -50,9 +49,12 @@ from asyncinfer.observability import instrument, powertools
 from asyncinfer.settings import Settings, get_settings
 from asyncinfer.store import JobStore
 from asyncinfer.timeutil import iso, now, parse
+from asyncinfer.webhook_urls import ForbiddenAddress, parse_url
+from asyncinfer.webhooks.batch import deliver_batch
 from asyncinfer.webhooks.secrets import SecretStore
 from asyncinfer.webhooks.sender import DeliveryResult, WebhookSender
 from asyncinfer.webhooks.signing import event_id, sign_headers
+from asyncinfer.webhooks.slow_hosts import SlowHosts
 
 log = logging.getLogger("asyncinfer.webhooks")
 
@@ -110,6 +112,7 @@ class WebhookDispatcher:
         *,
         sender: WebhookSender | None = None,
         rng: random.Random | None = None,
+        slow_hosts: SlowHosts | None = None,
     ) -> None:
         self.settings = settings
         self.store = JobStore(settings)
@@ -117,6 +120,7 @@ class WebhookDispatcher:
         self.sqs = clients.client("sqs", settings)
         self.sender = sender or WebhookSender(local_mode=settings.local_mode)
         self.rng = rng or random.Random()
+        self.slow_hosts = slow_hosts or SlowHosts()
 
     # ------------------------------------------------------------------ one event
     def handle(
@@ -127,6 +131,7 @@ class WebhookDispatcher:
         first_received_ms: int | None = None,
         receipt_handle: str | None = None,
         queue_url: str | None = None,
+        deadline: float | None = None,
     ) -> str:
         """Deliver the event in ``body``; returns what happened (``skipped``, ``delivered``,
         ``gone``, ``refused``, ``dead_lettered``).
@@ -135,6 +140,8 @@ class WebhookDispatcher:
             receive_count: the message's ApproximateReceiveCount (this event's attempt number).
             first_received_ms: when the event entered the queue (SentTimestamp, epoch ms).
             receipt_handle, queue_url: of the message, to set its visibility for the next try.
+            deadline: ``time.monotonic()`` seconds by which the attempt must be over, when sooner
+                than the sender's timeout (:mod:`.batch`: the Lambda's time left).
 
         Raises:
             WebhookRetry: the attempt failed; the message becomes visible again after the next
@@ -160,8 +167,26 @@ class WebhookDispatcher:
             log.info("webhook of %s answered 410 Gone earlier; %s not sent", job_id, etype)
             return "skipped"
 
+        host = _host_key(record["tenant"], hook["url"], self.settings.local_mode)
+        window_over = time.time() - _first_try(event, first_received_ms) >= (
+            self.settings.webhook_retry_window_seconds
+        )
+        rest = self.slow_hosts.rest_left(host) if host else 0.0
+        if rest > 0 and not window_over:
+            delay = min(MAX_VISIBILITY_SECONDS, math.ceil(rest + self.rng.uniform(0, rest / 2)))
+            self._set_visibility(job_id, receipt_handle, queue_url, delay)
+            raise WebhookRetry(
+                f"webhook {etype} {job_id}: {host} timed out recently; deferred {delay} s"
+            )
+
         headers = sign_headers(body, msg_id, self.secrets.signing_secrets(record["tenant"]))
-        result = self.sender.send(hook["url"], body.encode("utf-8"), headers)
+        started = time.monotonic()
+        result = self.sender.send(hook["url"], body.encode("utf-8"), headers, deadline=deadline)
+        full_time = deadline is None or deadline - started >= self.sender.timeout - 0.5
+        if host and result.timed_out and full_time:  # not when our own budget cut it short
+            self.slow_hosts.timed_out(host)
+        elif host and result.http_status is not None:
+            self.slow_hosts.answered(host)
         log.info(
             "webhook %s %s attempt %s -> %s %s%s",
             etype,
@@ -194,6 +219,17 @@ class WebhookDispatcher:
             self.settings.webhook_retry_max_delay_seconds,
             self.rng,
         )
+        self._set_visibility(job_id, receipt_handle, queue_url, delay)
+        raise WebhookRetry(
+            f"webhook {etype} {job_id}: attempt {receive_count} failed "
+            f"({result.http_status or result.error}); next in {delay} s"
+        )
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _set_visibility(
+        self, job_id: str, receipt_handle: str | None, queue_url: str | None, delay: int
+    ) -> None:
+        """Have SQS deliver the message again in ``delay`` seconds."""
         url = queue_url or self.settings.webhook_queue_url
         if receipt_handle and url:
             try:
@@ -202,12 +238,7 @@ class WebhookDispatcher:
                 )
             except ClientError as exc:  # the queue's own visibility timeout applies then
                 log.warning("could not set the retry delay of %s: %s", job_id, exc)
-        raise WebhookRetry(
-            f"webhook {etype} {job_id}: attempt {receive_count} failed "
-            f"({result.http_status or result.error}); next in {delay} s"
-        )
 
-    # ------------------------------------------------------------------ bookkeeping
     def _note(
         self,
         job_id: str,
@@ -289,7 +320,7 @@ class WebhookDispatcher:
         )
 
     # ------------------------------------------------------------------ SQS records
-    def handle_record(self, record: SQSRecord) -> str:
+    def handle_record(self, record: SQSRecord, deadline: float | None = None) -> str:
         """:meth:`handle` for one SQS event record (Powertools' data class)."""
         count = record.attributes.approximate_receive_count
         sent = record.attributes.sent_timestamp
@@ -299,6 +330,7 @@ class WebhookDispatcher:
             first_received_ms=int(sent) if sent else None,
             receipt_handle=record.receipt_handle,
             queue_url=self.settings.webhook_queue_url or record.queue_url,
+            deadline=deadline,
         )
 
 
@@ -306,19 +338,21 @@ LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
 
 
 def make_handler(dispatcher: Callable[[], WebhookDispatcher]) -> LambdaHandler:
-    """An SQS-event Lambda handler delivering each record with ``dispatcher()``; the response
-    lists the records to retry (``batchItemFailures``), and only those."""
-
-    def record_handler(record: SQSRecord) -> None:
-        dispatcher().handle_record(record)
+    """An SQS-event Lambda handler delivering each record with ``dispatcher()``, the records of
+    a batch side by side within the Lambda's remaining time (:mod:`.batch`); the response lists
+    the records to retry (``batchItemFailures``), and only those. An all-failed batch is an
+    ordinary answer (every record listed), not an invocation error."""
 
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-        # A processor per call: it holds the batch's state. An all-failed batch is an ordinary
-        # answer here (every record listed), not an invocation error.
-        processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
+        d = dispatcher()
+        remaining = getattr(context, "get_remaining_time_in_millis", None)
         return dict(
-            process_partial_response(
-                event=event, record_handler=record_handler, processor=processor, context=context
+            deliver_batch(
+                event.get("Records") or [],
+                d.handle_record,
+                attempt_seconds=d.sender.timeout,
+                remaining_seconds=remaining() / 1000 if callable(remaining) else None,
+                expected=(WebhookRetry,),
             )
         )
 
@@ -339,3 +373,14 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     """The webhook dispatcher Lambda (SQS event source on the webhook queue, with
     ``ReportBatchItemFailures``)."""
     return _handle(event, context)
+
+
+def _host_key(tenant: str, url: str, local_mode: bool) -> str | None:
+    """``<tenant> <host>:<port>`` of a webhook URL, what :mod:`.slow_hosts` rests (per tenant, so
+    one tenant's slow endpoint on a shared host never rests another tenant's), or ``None`` if it
+    is not one the sender would send to."""
+    try:
+        u = parse_url(url, local_mode=local_mode)
+    except ForbiddenAddress:
+        return None
+    return f"{tenant} {u.host}:{u.port}"

@@ -1,5 +1,5 @@
-"""The webhook queue and its dead-letter queue, as the CDK app creates them in AWS and the local
-stack on the emulator.
+"""The webhook queue and its dead-letter queue, as the CDK app creates them in AWS
+(``infra/components/webhooks.py`` reads the constants here) and the local stack on the emulator.
 
 * ``<prefix>-webhooks``: subscribed to the events topic with raw message delivery; visibility
   timeout :data:`VISIBILITY_TIMEOUT_SECONDS` (the dispatcher sets each failed message's own
@@ -16,8 +16,18 @@ from typing import Any
 
 #: Receives before SQS itself dead-letters a webhook event (a handler that keeps crashing).
 MAX_RECEIVE_COUNT = 100
-#: Visibility timeout of the webhook queue, seconds (>= the dispatcher Lambda's timeout).
-VISIBILITY_TIMEOUT_SECONDS = 180
+#: Events per dispatcher invocation (the SQS event source's batch size). They are delivered side
+#: by side (:mod:`asyncinfer.webhooks.batch`), so a batch takes as long as its slowest attempt
+#: (at most 10 s), not the sum of them.
+BATCH_SIZE = 10
+#: The dispatcher Lambda's timeout, seconds: one attempt (10 s) plus its bookkeeping
+#: (``batch.BOOKKEEPING_SECONDS``), with room for slow AWS calls; the batch answers before it.
+DISPATCHER_TIMEOUT_SECONDS = 30
+#: Visibility timeout of the webhook queue, seconds: six times the dispatcher's timeout, as the
+#: Lambda developer guide advises for SQS event sources ("Using Lambda with Amazon SQS"). The
+#: CDK app and the local stack both use this value. A record the batch leaves unfinished is
+#: delivered again after it; a failed attempt sets its own retry delay instead.
+VISIBILITY_TIMEOUT_SECONDS = 6 * DISPATCHER_TIMEOUT_SECONDS
 RETENTION_SECONDS = 14 * 24 * 3600
 
 

@@ -1,27 +1,40 @@
-"""Per-tenant webhook signing secrets, with rotation.
+"""Per-tenant webhook signing secrets, with rotation, readable only by the API and the dispatcher.
 
 Stored in the job table as one item per tenant, ``job_id = "whsec#<tenant>"``, with no ``tenant``
-attribute so that it stays out of the tenant index (like the idempotency items). Attributes:
-``secret`` (S, the current ``whsec_`` secret), ``created_at``, and after a rotation
-``previous_secret`` and ``previous_expires_at`` (RFC 3339).
+attribute so that it stays out of the tenant index (like the idempotency items). The secrets
+themselves are never stored in the clear: ``secret_ct`` (B) and, after a rotation,
+``previous_secret_ct`` (B) are KMS ciphertexts made with the webhook secrets key
+(``ASYNCINFER_WEBHOOK_SECRETS_KEY``) under the encryption context
+``{"asyncinfer:purpose": "webhook-secret", "asyncinfer:tenant": <tenant>}``. Every function reads
+the job table, but only the API and the webhook dispatcher may decrypt with that key and context
+(in AWS: their IAM grants, conditioned on the context; ``infra/components/webhooks.py``); and a
+ciphertext copied onto another tenant's item does not decrypt there. Other attributes:
+``created_at`` and ``previous_expires_at`` (RFC 3339).
 
 A tenant's secret is made on first use (``GET /v1/webhooks/secret`` or its first delivery) with a
 conditional put, so concurrent first uses agree. Rotation makes a new current secret; the old one
 stays valid for :data:`ROTATION_GRACE_SECONDS`, and deliveries meanwhile carry a signature with
 each (``webhook-signature: v1,<new> v1,<old>``), so a receiver may switch at any time in between.
+
+Items of earlier versions hold the secrets in the clear (``secret``, ``previous_secret``, S); the
+first read encrypts them in place (same secrets, so receivers keep verifying) and removes the
+clear ones.
 """
 
 from __future__ import annotations
 
 import base64
 import secrets as _secrets
+from collections import OrderedDict
 from datetime import timedelta
+from threading import Lock
 from typing import Any
 
 from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
 from asyncinfer import clients
+from asyncinfer.errors import ConfigError
 from asyncinfer.settings import Settings
 from asyncinfer.timeutil import iso, now, parse
 
@@ -30,6 +43,11 @@ SECRET_PREFIX = "whsec_"
 SECRET_BYTES = 32
 #: How long the previous secret stays valid after a rotation, seconds.
 ROTATION_GRACE_SECONDS = 24 * 3600
+#: The encryption context's keys (the IAM grants in the CDK app condition on the first).
+PURPOSE_KEY, TENANT_KEY = "asyncinfer:purpose", "asyncinfer:tenant"
+PURPOSE = "webhook-secret"
+#: Decrypted ciphertexts kept per process (a ciphertext is decrypted once, not per delivery).
+_CACHE_SIZE = 1024
 
 _PREFIX = "whsec#"
 
@@ -37,6 +55,11 @@ _PREFIX = "whsec#"
 def new_secret() -> str:
     """A fresh ``whsec_<base64 of 32 random bytes>`` secret, as ``standardwebhooks`` takes it."""
     return SECRET_PREFIX + base64.b64encode(_secrets.token_bytes(SECRET_BYTES)).decode()
+
+
+def encryption_context(tenant: str) -> dict[str, str]:
+    """The KMS encryption context of ``tenant``'s secrets."""
+    return {PURPOSE_KEY: PURPOSE, TENANT_KEY: tenant}
 
 
 class WebhookSecretView(BaseModel):
@@ -50,30 +73,97 @@ class WebhookSecretView(BaseModel):
 
 
 class SecretStore:
-    """Reads, creates and rotates tenants' webhook secrets."""
+    """Reads, creates and rotates tenants' webhook secrets.
+
+    Raises:
+        ConfigError: (at construction) no webhook secrets key is configured.
+    """
 
     def __init__(self, settings: Settings) -> None:
+        if not settings.webhook_secrets_key:
+            raise ConfigError("ASYNCINFER_WEBHOOK_SECRETS_KEY is not set")
         self.settings = settings
         self.table = settings.table_name
+        self.key_id = settings.webhook_secrets_key
         self.ddb = clients.client("dynamodb", settings)
+        self.kms = clients.client("kms", settings)
+        self._plain: OrderedDict[tuple[str, bytes], str] = OrderedDict()
+        self._lock = Lock()
 
     def _key(self, tenant: str) -> dict[str, Any]:
         return {"job_id": {"S": _PREFIX + tenant}}
 
+    # ------------------------------------------------------------------ KMS
+    def _encrypt(self, tenant: str, secret: str) -> bytes:
+        blob: bytes = self.kms.encrypt(
+            KeyId=self.key_id,
+            Plaintext=secret.encode("ascii"),
+            EncryptionContext=encryption_context(tenant),
+        )["CiphertextBlob"]
+        return blob
+
+    def _decrypt(self, tenant: str, blob: bytes) -> str:
+        with self._lock:
+            if (tenant, blob) in self._plain:
+                self._plain.move_to_end((tenant, blob))
+                return self._plain[(tenant, blob)]
+        plain: bytes = self.kms.decrypt(
+            CiphertextBlob=blob, KeyId=self.key_id, EncryptionContext=encryption_context(tenant)
+        )["Plaintext"]
+        text = plain.decode("ascii")
+        with self._lock:
+            self._plain[(tenant, blob)] = text
+            while len(self._plain) > _CACHE_SIZE:
+                self._plain.popitem(last=False)
+        return text
+
+    # ------------------------------------------------------------------ items
     def _read(self, tenant: str) -> dict[str, Any] | None:
         item = self.ddb.get_item(TableName=self.table, Key=self._key(tenant), ConsistentRead=True)
-        return item.get("Item")
+        found: dict[str, Any] | None = item.get("Item")
+        if found is not None and "secret" in found:
+            return self._encrypt_in_place(tenant, found)
+        return found
 
-    @staticmethod
-    def _view(item: dict[str, Any]) -> WebhookSecretView:
-        prev = item.get("previous_secret", {}).get("S")
+    def _encrypt_in_place(self, tenant: str, item: dict[str, Any]) -> dict[str, Any]:
+        """Encrypt an earlier version's clear secrets in place (conditional on them unchanged);
+        the item as it is now."""
+        values: dict[str, Any] = {
+            ":ct": {"B": self._encrypt(tenant, item["secret"]["S"])},
+            ":old": item["secret"],
+        }
+        expr = "SET secret_ct = :ct"
+        if "previous_secret" in item:
+            values[":pct"] = {"B": self._encrypt(tenant, item["previous_secret"]["S"])}
+            expr += ", previous_secret_ct = :pct"
+        try:
+            resp = self.ddb.update_item(
+                TableName=self.table,
+                Key=self._key(tenant),
+                UpdateExpression=expr + " REMOVE secret, previous_secret",
+                ConditionExpression="secret = :old",
+                ExpressionAttributeValues=values,
+                ReturnValues="ALL_NEW",
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            key = self._key(tenant)
+            got = self.ddb.get_item(TableName=self.table, Key=key, ConsistentRead=True)
+            done: dict[str, Any] = got["Item"]  # another request encrypted it first
+            return done
+        new: dict[str, Any] = resp["Attributes"]
+        return new
+
+    def _view(self, tenant: str, item: dict[str, Any]) -> WebhookSecretView:
+        prev_ct = item.get("previous_secret_ct", {}).get("B")
         prev_until = item.get("previous_expires_at", {}).get("S")
-        if prev and (not prev_until or parse(prev_until) <= now()):
-            prev = prev_until = None
+        if prev_ct is None or (prev_until and parse(prev_until) <= now()):
+            prev_ct = prev_until = None
         return WebhookSecretView(
-            secret=item["secret"]["S"],
+            secret=self._decrypt(tenant, item["secret_ct"]["B"]),
             created_at=item["created_at"]["S"],
-            previous_secret=prev,
+            previous_secret=self._decrypt(tenant, prev_ct) if prev_ct is not None else None,
             previous_expires_at=prev_until,
         )
 
@@ -81,10 +171,10 @@ class SecretStore:
         """The tenant's secret, made now if it has none."""
         item = self._read(tenant)
         if item is not None:
-            return self._view(item)
+            return self._view(tenant, item)
         item = {
             **self._key(tenant),
-            "secret": {"S": new_secret()},
+            "secret_ct": {"B": self._encrypt(tenant, new_secret())},
             "created_at": {"S": iso(now())},
         }
         try:
@@ -95,7 +185,7 @@ class SecretStore:
             if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
             item = self._read(tenant) or item  # another request made it first: use that one
-        return self._view(item)
+        return self._view(tenant, item)
 
     def signing_secrets(self, tenant: str) -> list[str]:
         """The secrets a delivery is signed with now: the current one first, then the previous one
@@ -107,7 +197,9 @@ class SecretStore:
         """Make a new current secret; the old one stays valid for ``ROTATION_GRACE_SECONDS``.
         Conditional on the secret being rotated, so two concurrent rotations do not both win."""
         for _ in range(5):
-            current = self.get(tenant)
+            self.get(tenant)  # made (and encrypted) if it was not
+            item = self._read(tenant)
+            assert item is not None
             t = now()
             try:
                 resp = self.ddb.update_item(
@@ -116,14 +208,14 @@ class SecretStore:
                     UpdateExpression="SET #s = :new, #c = :t, #p = :old, #u = :until",
                     ConditionExpression="#s = :old",
                     ExpressionAttributeNames={
-                        "#s": "secret",
+                        "#s": "secret_ct",
                         "#c": "created_at",
-                        "#p": "previous_secret",
+                        "#p": "previous_secret_ct",
                         "#u": "previous_expires_at",
                     },
                     ExpressionAttributeValues={
-                        ":new": {"S": new_secret()},
-                        ":old": {"S": current.secret},
+                        ":new": {"B": self._encrypt(tenant, new_secret())},
+                        ":old": item["secret_ct"],
                         ":t": {"S": iso(t)},
                         ":until": {"S": iso(t + timedelta(seconds=ROTATION_GRACE_SECONDS))},
                     },
@@ -133,5 +225,20 @@ class SecretStore:
                 if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
                     raise
                 continue
-            return self._view(resp["Attributes"])
+            return self._view(tenant, resp["Attributes"])
         raise RuntimeError("the webhook secret kept changing during rotation")
+
+
+def create_secrets_key(kms: Any, alias: str) -> str:
+    """The ARN of the KMS key behind ``alias`` (``alias/...``), created if there is none, as the
+    CDK app makes it (symmetric, for encrypt/decrypt); for the local stack and tests."""
+    try:
+        arn: str = kms.describe_key(KeyId=alias)["KeyMetadata"]["Arn"]
+        return arn
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] != "NotFoundException":
+            raise
+    meta = kms.create_key(Description="asyncinfer webhook secrets")["KeyMetadata"]
+    kms.create_alias(AliasName=alias, TargetKeyId=meta["KeyId"])
+    made: str = meta["Arn"]
+    return made

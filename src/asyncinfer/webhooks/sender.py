@@ -2,15 +2,21 @@
 
 The rules of the spec ("Events") hold at send time, against the address actually connected to:
 
-1. the URL is checked again (https, or http on the local stack; no credentials; a host);
+1. the URL is parsed and checked again by the parser the submit-time check uses
+   (:func:`asyncinfer.webhook_urls.parse_url`); the request is built from its parts, never from
+   the text, so the two cannot read a URL differently;
 2. the host is resolved **once** (numeric forms such as ``2130706433`` are read as the addresses
    they denote); if any address it resolves to is forbidden
    (:func:`asyncinfer.webhook_urls.check_address`), nothing is sent;
 3. the request goes to that address (the URL's host replaced by the IP), with the original
    ``Host`` header and, for https, the original TLS server name (SNI), against which the
    certificate is verified; so a second resolution (DNS rebinding) cannot redirect it;
-4. 10 s timeout, redirects never followed, no proxies from the environment, no connection reuse
-   (a pooled connection is keyed by IP, and must not carry another host's TLS session);
+4. **one deadline** of 10 s for the whole attempt (resolution, connect, TLS, sending the request,
+   receiving the status and headers: :mod:`.deadline`), not one per phase, so a receiver that
+   trickles bytes is cut at 10 s; a status that arrived in time counts even if the body is
+   still trickling then. Redirects never followed, no proxies from the environment, no
+   connection reuse (a pooled connection is keyed by IP, and must not carry another host's TLS
+   session);
 5. at most 1 KB of the answer is read and kept.
 """
 
@@ -28,18 +34,20 @@ from typing import Any, Literal
 
 import httpx
 
-from asyncinfer.errors import InvalidRequest
 from asyncinfer.webhook_urls import (
     ForbiddenAddress,
     IPAddress,
+    WebhookUrl,
     check_address,
-    check_url,
     parse_host,
+    parse_url,
+    resolve_within,
 )
+from asyncinfer.webhooks.deadline import DeadlineTransport
 
 log = logging.getLogger("asyncinfer.webhooks")
 
-#: No answer within this many seconds is a failed attempt (spec: 10 s).
+#: An attempt not over within this many seconds, all phases together, failed (spec: 10 s).
 TIMEOUT_SECONDS = 10.0
 #: At most this much of a receiver's answer is kept, bytes.
 MAX_RESPONSE_BYTES = 1024
@@ -55,7 +63,7 @@ class DeliveryResult:
 
     ``outcome``: ``delivered`` (2xx), ``gone`` (410: stop), ``refused`` (the URL or the address it
     resolves to is forbidden: nothing was sent), ``retry`` (any other status, a timeout, a
-    connection or name resolution error).
+    connection or name resolution error). ``timed_out``: the attempt ran into its deadline.
     """
 
     outcome: Outcome
@@ -63,6 +71,7 @@ class DeliveryResult:
     response: str = ""
     error: str | None = None
     address: str | None = None
+    timed_out: bool = False
 
 
 @lru_cache(maxsize=1)
@@ -76,20 +85,33 @@ def _ssl_context() -> ssl.SSLContext:
 
 
 def resolve_address(
-    host: str, port: int, *, allow_loopback: bool, resolver: Resolver | None = None
+    host: str,
+    port: int,
+    *,
+    allow_loopback: bool,
+    resolver: Resolver | None = None,
+    deadline: float | None = None,
 ) -> IPAddress:
     """Resolve ``host`` once and return the address to connect to.
 
+    Args:
+        deadline: ``time.monotonic()`` seconds by which the name must be resolved.
+
     Raises:
         ForbiddenAddress: the host is, or resolves to (any of its addresses), a forbidden address.
-        OSError: the name does not resolve (``socket.gaierror``); worth retrying later.
+        OSError: the name does not resolve (``socket.gaierror``) or not by the deadline
+            (``TimeoutError``); worth retrying later.
     """
     literal = parse_host(host)
     if literal is not None:
         addrs: list[IPAddress] = [literal]
     else:
+        resolve = resolver or socket.getaddrinfo
         try:
-            infos = (resolver or socket.getaddrinfo)(host, port)
+            if deadline is None:
+                infos = resolve(host, port)
+            else:
+                infos = resolve_within(resolve, host, port, deadline)
         except UnicodeError as exc:
             raise ForbiddenAddress(f"host {host!r} cannot be encoded: {exc}") from None
         addrs = []
@@ -109,8 +131,9 @@ class WebhookSender:
 
     Args:
         local_mode: the local stack: http and loopback addresses are allowed.
-        timeout: seconds without an answer before the attempt fails (10 in production).
-        transport: an httpx transport to use instead of the network (tests).
+        timeout: seconds one attempt may take, all phases together (10 in production).
+        transport: an httpx transport to use instead of the network (tests); the deadline then
+            bounds only what this class itself waits for (resolution, reading the answer).
         resolver: ``getaddrinfo``-like ``(host, port) -> infos`` (default ``socket.getaddrinfo``,
             looked up at call time so tests may patch it).
     """
@@ -134,32 +157,34 @@ class WebhookSender:
         return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
 
     def build_request(
-        self, url: str, body: bytes, headers: Mapping[str, str]
+        self, url: str, body: bytes, headers: Mapping[str, str], *, deadline: float | None = None
     ) -> tuple[httpx.Request, str]:
         """The request to send for ``url``, aimed at the checked address; returns it and that
         address. Raises :class:`ForbiddenAddress` or ``OSError`` as :func:`resolve_address`."""
-        try:
-            check_url(url, local_mode=self.local_mode, resolve=False)
-        except InvalidRequest as exc:
-            raise ForbiddenAddress(exc.message) from None
-        u = httpx.URL(url)
-        port = u.port or (443 if u.scheme == "https" else 80)
-        addr = resolve_address(u.host, port, allow_loopback=self.local_mode, resolver=self._resolve)
-        host = u.raw_host.decode("ascii")
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        host_header = host if u.port is None else f"{host}:{u.port}"
-        extensions: dict[str, Any] = {
-            "timeout": httpx.Timeout(self.timeout).as_dict(),
-        }
+        u: WebhookUrl = parse_url(url, local_mode=self.local_mode)
+        addr = resolve_address(
+            u.host,
+            u.port,
+            allow_loopback=self.local_mode,
+            resolver=self._resolve,
+            deadline=deadline,
+        )
+        left = self.timeout if deadline is None else max(0.001, deadline - time.monotonic())
+        extensions: dict[str, Any] = {"timeout": httpx.Timeout(left).as_dict()}
         if u.scheme == "https":
-            extensions["sni_hostname"] = u.raw_host.decode("ascii")
+            extensions["sni_hostname"] = u.host
+        target = httpx.URL(
+            scheme=u.scheme,
+            host=str(addr),
+            port=u.port if u.explicit_port else None,
+            raw_path=u.target.encode("ascii"),
+        )
         request = httpx.Request(
             "POST",
-            u.copy_with(host=str(addr)),
+            target,
             content=body,
             headers={
-                "Host": host_header,
+                "Host": u.host_header,
                 "Content-Type": "application/json",
                 "User-Agent": USER_AGENT,
                 "Accept-Encoding": "identity",
@@ -169,46 +194,50 @@ class WebhookSender:
         )
         return request, str(addr)
 
-    def send(self, url: str, body: bytes, headers: Mapping[str, str]) -> DeliveryResult:
-        """POST ``body`` with ``headers`` to ``url``; never raises for network trouble."""
+    def send(
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        deadline: float | None = None,
+    ) -> DeliveryResult:
+        """POST ``body`` with ``headers`` to ``url``; never raises for network trouble.
+
+        Args:
+            deadline: ``time.monotonic()`` seconds by which the attempt must be over, when that
+                is sooner than ``timeout`` from now (the dispatcher's share of its Lambda's time).
+        """
+        started = time.monotonic()
+        end = started + self.timeout if deadline is None else min(started + self.timeout, deadline)
         try:
-            request, addr = self.build_request(url, body, headers)
+            request, addr = self.build_request(url, body, headers, deadline=end)
         except ForbiddenAddress as exc:
             return DeliveryResult("refused", error=f"refused: {exc}")
+        except TimeoutError:
+            return DeliveryResult(
+                "retry", error=f"no answer within {end - started:.3g} s", timed_out=True
+            )
         except OSError as exc:
             return DeliveryResult("retry", error=f"name resolution failed: {exc}")
-        transport = self.transport or httpx.HTTPTransport(
-            verify=_ssl_context(),
-            trust_env=False,
-            retries=0,
-            limits=httpx.Limits(max_keepalive_connections=0),
-        )
-        started = time.monotonic()
+        transport = self.transport or DeadlineTransport(end, _ssl_context())
         try:
             with httpx.Client(
                 transport=transport,
-                timeout=self.timeout,
                 follow_redirects=False,
                 trust_env=False,
             ) as client:
                 response = client.send(request, stream=True, follow_redirects=False)
                 try:
-                    kept = bytearray()
-                    if response.is_stream_consumed:  # read already (mock transports)
-                        kept.extend(response.content[:MAX_RESPONSE_BYTES])
-                    else:
-                        # Raw bytes (no decompression), at most 1 KB, within the time limit.
-                        for chunk in response.iter_raw(MAX_RESPONSE_BYTES):
-                            kept.extend(chunk)
-                            if len(kept) >= MAX_RESPONSE_BYTES:
-                                break
-                            if time.monotonic() - started > self.timeout:
-                                break
+                    kept = _read_some(response, end)
                 finally:
                     response.close()
         except httpx.TimeoutException:
             return DeliveryResult(
-                "retry", error=f"no answer within {self.timeout:g} s", address=addr
+                "retry",
+                error=f"no answer within {end - started:.3g} s",
+                address=addr,
+                timed_out=True,
             )
         except httpx.HTTPError as exc:
             return DeliveryResult("retry", error=f"{type(exc).__name__}: {exc}"[:300], address=addr)
@@ -221,3 +250,21 @@ class WebhookSender:
         else:
             outcome = "retry"
         return DeliveryResult(outcome, http_status=status, response=text, address=addr)
+
+
+def _read_some(response: httpx.Response, deadline: float) -> bytearray:
+    """At most 1 KB of the answer's body, raw (no decompression), read until the deadline. The
+    status has arrived and decides the outcome; the body is kept only to show it, so an error
+    or the deadline while reading it just ends the reading."""
+    kept = bytearray()
+    if response.is_stream_consumed:  # read already (mock transports)
+        kept.extend(response.content[:MAX_RESPONSE_BYTES])
+        return kept
+    try:
+        for chunk in response.iter_raw():  # as they arrive: a timeout loses none
+            kept.extend(chunk)
+            if len(kept) >= MAX_RESPONSE_BYTES or time.monotonic() >= deadline:
+                break
+    except httpx.HTTPError:
+        pass
+    return kept
