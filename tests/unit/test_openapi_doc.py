@@ -158,6 +158,19 @@ def test_deployed_models_are_the_model_enum(doc: dict[str, Any]) -> None:
     assert set(model["enum"]) == {"smollm2-135m-instruct", "all-minilm-l6-v2", "echo"}
 
 
+@pytest.mark.parametrize(
+    ("ttl", "status"), [(355.0, 202), (355, 202), (355.5, 422), ("355", 422), (True, 422)]
+)
+def test_integral_seconds_are_integers_as_json_schema_says(
+    api: ApiCaller, ttl: Any, status: int
+) -> None:
+    body = {"model": "echo", "input": {}, "ttl_seconds": ttl, "timeout_seconds": ttl}
+    got, resp, _ = api("POST", "/v1/jobs", body)
+    assert got == status, resp
+    if status == 202:
+        assert resp["expires_at"] > resp["created_at"]
+
+
 def test_schema_valid_query_values_are_accepted(api: ApiCaller) -> None:
     for query in ("status=expired", "model=echo", "limit=100", "limit=1"):
         status, resp, _ = api("GET", f"/v1/jobs?{query}")

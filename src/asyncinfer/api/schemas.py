@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -39,6 +40,18 @@ METADATA_KEY_MAX = 128
 MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=METADATA_KEY_MAX)]
 #: A value alone can never be longer than the total less a one-byte key.
 MetadataValue = Annotated[str, StringConstraints(max_length=METADATA_MAX_BYTES - 1)]
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema counts ``355.0`` as an integer: take it as ``355``. Strings, booleans and
+    fractions stay refused (the fields are strict)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: A whole number of seconds, as JSON Schema's ``integer`` means it.
+Seconds = Annotated[int, BeforeValidator(_integral)]
 
 
 def _deployment() -> tuple[list[str], bool] | None:
@@ -112,10 +125,10 @@ class JobRequest(BaseModel):
         "POST /v1/uploads; exactly one of input and input_url",
     )
     priority: Literal["high", "normal", "low"] = "normal"
-    ttl_seconds: int = Field(
+    ttl_seconds: Seconds = Field(
         default=21600, ge=10, le=259200, strict=True, description="Max seconds queued"
     )
-    timeout_seconds: int = Field(
+    timeout_seconds: Seconds = Field(
         default=900, ge=1, le=3600, strict=True, description="Max run seconds"
     )
     webhook: WebhookRequest | None = None
