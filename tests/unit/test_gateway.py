@@ -106,3 +106,21 @@ def test_route_table() -> None:
     assert route("GET", "/v1/jobs/x/cancel") == "keyed"
     assert route("GET", "/v1/") is None
     assert route("TRACE", "/v1/jobs") is None
+
+
+class BrokenPool(FakePool):
+    def invoke(self, handler: str, event: dict[str, Any]) -> dict[str, Any]:
+        raise RuntimeError("the handler process died")
+
+
+def test_handler_failure_is_the_default_5xx_error_body() -> None:
+    gw = LocalGateway(BrokenPool(), {"key-a": "tenant-a"}, 0)  # type: ignore[arg-type]
+    gw.start()
+    try:
+        status, body, ctype = call(gw, "GET", "/v1/models", key="key-a")
+    finally:
+        gw.stop()
+    assert (status, ctype) == (500, "application/json")
+    assert body == {
+        "error": {"code": "internal", "message": "Internal server error", "details": []}
+    }

@@ -10,7 +10,8 @@ handler only through the CDK app's two resource methods, ``GET /v1/health`` and
 ``ANY /v1/{proxy+}``: any other method or path (TRACE, ``POST /v1/health``, ``/``) gets the
 app's ``MISSING_AUTHENTICATION_TOKEN`` gateway response, 404 ``not_found`` "Missing
 Authentication Token" (API Gateway's own default is 403 ``{"message": "Missing Authentication
-Token"}``), never Python's 501 page.
+Token"}``), never Python's 501 page. A handler that cannot be invoked is the app's
+``DEFAULT_5XX`` response, 500 ``internal``.
 """
 
 from __future__ import annotations
@@ -221,7 +222,8 @@ class LocalGateway:
                     resp = gateway.pool.invoke(API_HANDLER, event)
                 except Exception:
                     log.exception("handler invocation failed")
-                    self._json(502, {"message": "Internal server error"})
+                    # API Gateway's integration failure, as the CDK app's DEFAULT_5XX response.
+                    self._json(500, _error("internal", "Internal server error"))
                     return
                 out_headers = dict(resp.get("headers") or {})
                 for k, vs in (resp.get("multiValueHeaders") or {}).items():
