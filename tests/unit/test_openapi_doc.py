@@ -5,6 +5,7 @@ the x-api-key scheme is described, and a submitted job links to get and cancel."
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import jsonschema
@@ -218,3 +219,25 @@ def test_idempotency_key_header_out_of_range_is_422(api: ApiCaller) -> None:
     )
     assert status == 422
     assert "idempotency" in resp["error"]["details"][0]["field"].lower()
+
+
+@pytest.mark.parametrize(
+    ("sent", "server"),
+    [
+        ("/v1/openapi.json", "/"),
+        ("/prod/v1/openapi.json", "/prod"),
+        ("/a/b/v1/openapi.json", "/a/b"),
+    ],
+)
+def test_server_is_the_path_the_api_is_served_under(resources: Any, sent: str, server: str) -> None:
+    from asyncinfer.api.app import handler
+    from asyncinfer.local.gateway import build_event
+    from asyncinfer.local.lambda_runtime import LocalContext
+
+    event = build_event(
+        "GET", "/v1/openapi.json", [], b"", api_key="k", api_key_id="t", source_ip="127.0.0.1"
+    )
+    event["requestContext"]["path"] = sent
+    resp = handler(event, LocalContext())
+    assert resp["statusCode"] == 200
+    assert [s["url"] for s in json.loads(resp["body"])["servers"]] == [server]

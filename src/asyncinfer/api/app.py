@@ -23,6 +23,7 @@ from typing import Annotated, Any
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.models import Server
 from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Path, Query
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from ulid import ULID
@@ -111,8 +112,23 @@ def models() -> dict[str, Any]:
 
 @app.get("/v1/openapi.json", include_in_schema=False)
 def openapi() -> Response[dict]:
-    """The OpenAPI 3 document of this API, generated from the routes and pydantic models."""
-    return json_response(200, json.loads(app.get_openapi_json_schema()))
+    """The OpenAPI 3 document of this API, generated from the routes and pydantic models. Its
+    server is the path the API is served under (:func:`base_path`), so that the document's
+    paths resolve against the URL it was fetched from."""
+    server = Server(url=base_path() or "/", description="This deployment")
+    return json_response(200, json.loads(app.get_openapi_json_schema(servers=[server])))
+
+
+def base_path() -> str:
+    """The URL path in front of the API's own paths for this request: the stage (``/prod``) on
+    the ``execute-api`` domain, a custom domain's base path mapping, or ``""``. It is
+    ``requestContext.path`` (the path as the client sent it) less the resource ``path``."""
+    event = app.current_event
+    sent = event.request_context.path or ""
+    own = event.path or ""
+    if own and sent.endswith(own):
+        return sent[: -len(own)].rstrip("/")
+    return ""
 
 
 @app.post(

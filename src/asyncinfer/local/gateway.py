@@ -108,7 +108,9 @@ def build_event(
             "httpMethod": method,
             "extendedRequestId": str(uuid.uuid4()),
             "requestTime": time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime()),
-            "path": f"/{stage}{path}",
+            # As on a custom domain mapped with no base path: the local API is served at the
+            # root, not under /<stage>.
+            "path": path,
             "accountId": "123456789012",
             "protocol": "HTTP/1.1",
             "stage": stage,
