@@ -348,7 +348,10 @@ def on_validation_error(exc: RequestValidationError) -> Response:
     details = []
     for err in errors:
         loc = [str(p) for p in err.get("loc", ())]
-        if loc and loc[0] in ("body", "query", "path", "header"):
+        if loc and loc[0] == "header" and len(loc) > 1:
+            # Named as the spec writes the header (Idempotency-Key), as jobs.py names it too.
+            loc = ["-".join(w.capitalize() for w in loc[1].split("-")), *loc[2:]]
+        elif loc and loc[0] in ("body", "query", "path", "header"):
             loc = loc[1:]
         details.append(
             {
