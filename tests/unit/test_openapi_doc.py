@@ -197,11 +197,12 @@ def test_well_shaped_forged_cursor_gets_a_declared_status(
 @pytest.mark.parametrize(
     ("method", "path", "allow"),
     [
-        ("DELETE", "/v1/jobs", "GET, POST"),
-        ("PUT", "/v1/models", "GET"),
+        ("DELETE", "/v1/jobs", "GET, HEAD, POST"),
+        ("PUT", "/v1/models", "GET, HEAD"),
         ("GET", "/v1/jobs/job_01ARZ3NDEKTSV4RRFFQ69G5FAV/cancel", "POST"),
-        ("PATCH", "/v1/jobs/job_01ARZ3NDEKTSV4RRFFQ69G5FAV", "GET"),
-        ("POST", "/v1/openapi.json", "GET"),
+        ("HEAD", "/v1/uploads", "POST"),
+        ("PATCH", "/v1/jobs/job_01ARZ3NDEKTSV4RRFFQ69G5FAV", "GET, HEAD"),
+        ("POST", "/v1/openapi.json", "GET, HEAD"),
     ],
 )
 def test_known_path_with_another_method_is_405_with_allow(
@@ -211,6 +212,12 @@ def test_known_path_with_another_method_is_405_with_allow(
     assert status == 405
     assert resp["error"]["code"] == "method_not_allowed"
     assert headers["allow"] == allow
+
+
+def test_head_is_answered_as_get(api: ApiCaller) -> None:
+    assert api("HEAD", "/v1/models")[:2] == api("GET", "/v1/models")[:2]
+    status, resp, _ = api("HEAD", "/v1/jobs/job_01ARZ3NDEKTSV4RRFFQ69G5FAV")
+    assert status == 404 and resp["error"]["code"] == "not_found"
 
 
 def test_idempotency_key_header_out_of_range_is_422(api: ApiCaller) -> None:

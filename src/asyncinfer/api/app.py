@@ -325,11 +325,14 @@ _HTTP_METHODS = frozenset({"GET", "PUT", "POST", "DELETE", "OPTIONS", "HEAD", "P
 
 
 def allowed_methods(path: str) -> list[str]:
-    """The methods the API has for ``path`` (empty when no route has the path)."""
+    """The methods the API has for ``path`` (empty when no route has the path); ``HEAD``
+    wherever ``GET`` is (RFC 9110 9.3.2, answered by :func:`handler`)."""
     found: set[str] = set()
     for rx, methods in _route_table():
         if rx.match(path):
             found |= methods
+    if "GET" in found:
+        found.add("HEAD")
     return sorted(found)
 
 
@@ -371,9 +374,7 @@ def on_not_found(exc: NotFoundError) -> Response:
     event = app.current_event
     allowed = allowed_methods(event.path)
     if allowed:
-        exc_405 = MethodNotAllowed(
-            f"{event.http_method} is not allowed on {event.path}; use {', '.join(allowed)}"
-        )
+        exc_405 = MethodNotAllowed(f"{event.path} takes only {', '.join(allowed)}")
         return error_response(exc_405, {"Allow": ", ".join(allowed)})
     return error_response(NotFound("no such route"))
 
@@ -387,7 +388,8 @@ def on_unexpected(exc: Exception) -> Response:
 # ---------------------------------------------------------------------------- entry point
 @instrument(logger, tracer, metrics, correlation_id_path="requestContext.requestId")
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    """The API Lambda's entry point (API Gateway REST proxy integration)."""
+    """The API Lambda's entry point (API Gateway REST proxy integration). ``HEAD`` is answered
+    as ``GET`` (the gateway sends no body for it)."""
     error = body_error(event)
     if error is not None:
         return {
@@ -396,4 +398,6 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             "body": json.dumps(error.body()),
             "isBase64Encoded": False,
         }
+    if event.get("httpMethod") == "HEAD":
+        event = {**event, "httpMethod": "GET"}
     return app.resolve(normalise(event), context)
