@@ -22,8 +22,9 @@ from asyncinfer.ids import JOB_ID_RE
 
 #: Longest cursor accepted, characters (a real one is about 80).
 CURSOR_MAX_CHARS = 512
-#: What a cursor looks like: URL-safe base64 without padding, 1..512 characters.
-CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,512}$"
+#: What a cursor looks like: URL-safe base64 without padding, at most 512 characters (an empty
+#: ``?cursor=`` is the first page, as no cursor).
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]{0,512}$"
 _CURSOR_RE = re.compile(CURSOR_PATTERN)
 _KEYS = frozenset({"job_id", "tenant"})
 

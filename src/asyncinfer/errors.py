@@ -64,6 +64,14 @@ class NotFound(ApiError):
     http_status = 404
 
 
+class MethodNotAllowed(ApiError):
+    """The path exists but not with this HTTP method (HTTP 405, RFC 9110 15.5.6); the response
+    carries an ``Allow`` header naming the methods it has."""
+
+    code = "method_not_allowed"
+    http_status = 405
+
+
 class Conflict(ApiError):
     """Idempotency key reused with another body, or cancel of a finished job (HTTP 409)."""
 

@@ -13,36 +13,52 @@ and status; Powertools' ``RequestValidationError`` becomes 400 ``invalid_json`` 
 
 from __future__ import annotations
 
-import base64
 import json
+import re
 from functools import lru_cache
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
-from aws_lambda_powertools.event_handler.openapi.params import Body, Query
-from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
+from aws_lambda_powertools.event_handler.openapi.models import Server
+from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Path, Query
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from asyncinfer import __version__, clients
-from asyncinfer.api.schemas import ErrorBody, JobList, JobRequest, JobView, UploadView
-from asyncinfer.errors import ApiError, InvalidJson, InvalidRequest, NotFound, PayloadTooLarge
+from asyncinfer.api import doc
+from asyncinfer.api.body import body_error, normalise
+from asyncinfer.api.schemas import (
+    IDEMPOTENCY_KEY_MAX,
+    JOB_ID_PATTERN,
+    HealthView,
+    JobList,
+    JobRequest,
+    JobStatus,
+    JobView,
+    ModelList,
+    UploadView,
+)
+from asyncinfer.cursors import CURSOR_PATTERN
+from asyncinfer.errors import (
+    ApiError,
+    InvalidJson,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+)
 from asyncinfer.inputs import UPLOAD_URL_SECONDS, new_upload
 from asyncinfer.jobs import JobService
-from asyncinfer.lifecycle import STATUSES
 from asyncinfer.observability import instrument, powertools, single
 from asyncinfer.settings import get_settings
 from asyncinfer.webhooks.secrets import SecretStore, WebhookSecretView
 
 logger, tracer, metrics = powertools("asyncinfer-api")
 
-#: Largest request body the handler takes, bytes. A Lambda proxy request is capped at 6 MB;
-#: larger inputs go through POST /v1/uploads.
-MAX_BODY_BYTES = 6 * 1024 * 1024
 __all__ = ["UPLOAD_URL_SECONDS", "app", "handler"]
 
 app = APIGatewayRestResolver(enable_validation=True)
+doc.configure(app, __version__)
 
 
 @lru_cache(maxsize=1)
@@ -60,23 +76,28 @@ def tenant() -> str:
     return key_id
 
 
-def _doc(description: str, model: type) -> OpenAPIResponse:
-    return {"description": description, "content": {"application/json": {"model": model}}}
-
-
 def json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
     """A JSON response (the body serialized by Powertools)."""
     return Response(status_code=status, content_type="application/json", body=body, headers=headers)
 
 
 # ---------------------------------------------------------------------------- routes
-@app.get("/v1/health")
-def health() -> dict[str, str]:
+@app.get(
+    "/v1/health",
+    operation_id="health",
+    responses=doc.responses({200: doc.ok("Alive", HealthView)}, keyed=False),
+)
+def health() -> HealthView:
     """Liveness: ``{"status": "ok"}``. Needs no API key."""
-    return {"status": "ok"}
+    return HealthView(status="ok")
 
 
-@app.get("/v1/models")
+@app.get(
+    "/v1/models",
+    operation_id="list_models",
+    security=doc.API_KEY,
+    responses=doc.responses({200: doc.ok("The models deployed here", ModelList)}),
+)
 def models() -> dict[str, Any]:
     """The deployed models: ``{"models": [{"id", "task", "input_schema", "max_batch_size"}]}``."""
     return {"models": service().deployed_models()}
@@ -84,67 +105,154 @@ def models() -> dict[str, Any]:
 
 @app.get("/v1/openapi.json", include_in_schema=False)
 def openapi() -> Response[dict]:
-    """The OpenAPI 3 document of this API, generated from the routes and pydantic models."""
-    doc = app.get_openapi_json_schema(
-        title="asyncinfer", version=__version__, description="Asynchronous model inference"
-    )
-    return json_response(200, json.loads(doc))
+    """The OpenAPI 3 document of this API, generated from the routes and pydantic models. Its
+    server is the path the API is served under (:func:`base_path`), so that the document's
+    paths resolve against the URL it was fetched from."""
+    server = Server(url=base_path() or "/", description="This deployment")
+    return json_response(200, json.loads(app.get_openapi_json_schema(servers=[server])))
+
+
+def base_path() -> str:
+    """The URL path in front of the API's own paths for this request: the stage (``/prod``) on
+    the ``execute-api`` domain, a custom domain's base path mapping, or ``""``. It is
+    ``requestContext.path`` (the path as the client sent it) less the resource ``path``."""
+    event = app.current_event
+    sent = event.request_context.path or ""
+    own = event.path or ""
+    if own and sent.endswith(own):
+        return sent[: -len(own)].rstrip("/")
+    return ""
 
 
 @app.post(
     "/v1/jobs",
-    responses={
-        202: _doc("Created", JobView),
-        200: _doc("Idempotent replay of an earlier submit", JobView),
-        409: _doc("Idempotency-Key reused with another body", ErrorBody),
-        422: _doc("Invalid request", ErrorBody),
-    },
+    operation_id="submit_job",
+    security=doc.API_KEY,
+    responses=doc.responses(
+        {
+            202: doc.ok("Created", JobView, location=True, links=doc.JOB_LINKS),
+            200: doc.ok(
+                "Idempotent replay of an earlier submit",
+                JobView,
+                location=True,
+                links=doc.JOB_LINKS,
+            ),
+            400: doc.error("The body is not valid JSON (invalid_json)"),
+            409: doc.error("Idempotency-Key reused with another body (conflict)"),
+            413: doc.error("The body is larger than 6 MB; use POST /v1/uploads"),
+            422: doc.error(
+                "Invalid request, unknown model or an input the model refuses (invalid_request)"
+            ),
+        }
+    ),
 )
-def submit_job(body: Annotated[JobRequest, Body()]) -> Response[JobView]:
+def submit_job(
+    body: Annotated[JobRequest, Body()],
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            min_length=1,
+            max_length=IDEMPOTENCY_KEY_MAX,
+            description="The same key and body within 24 h return the original job (200); "
+            "another body 409",
+        ),
+    ] = None,
+) -> Response[JobView]:
     """Create a job; 202 with the job object and ``Location``. ``Idempotency-Key`` header: the
     same key and body return the original job (200), another body 409."""
-    key = app.current_event.headers.get("idempotency-key")  # case-insensitive
-    job, created = service().submit(tenant(), body, idempotency_key=key)
+    job, created = service().submit(tenant(), body, idempotency_key=idempotency_key)
     logger.set_correlation_id(job["id"])
     if created:
         single("JobsSubmitted", dimensions={"Model": body.model})
     return json_response(202 if created else 200, job, {"Location": job["urls"]["get"]})
 
 
-@app.get("/v1/jobs/<job_id>")
-def get_job(job_id: str, wait: Annotated[float, Query(ge=0, le=20)] = 0.0) -> JobView:
+JobId = Annotated[str, Path(json_schema_extra={"pattern": JOB_ID_PATTERN}, description=doc.JOB_ID)]
+
+
+@app.get(
+    "/v1/jobs/<job_id>",
+    operation_id="get_job",
+    security=doc.API_KEY,
+    responses=doc.responses(
+        {
+            200: doc.ok("The job", JobView),
+            404: doc.error("No such job for this API key (not_found)"),
+            422: doc.error("wait out of range (invalid_request)"),
+        }
+    ),
+)
+def get_job(
+    job_id: JobId,
+    wait: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=20,
+            allow_inf_nan=False,
+            description="Seconds to hold the response until the job is terminal",
+        ),
+    ] = 0.0,
+) -> JobView:
     """The job object; ``?wait=N`` (0..20 s) holds until the job is terminal or N s pass."""
     logger.set_correlation_id(job_id)
     return JobView.model_validate(service().get(tenant(), job_id, wait=wait))
 
 
-@app.post("/v1/jobs/<job_id>/cancel")
-def cancel_job(job_id: str) -> JobView:
+@app.post(
+    "/v1/jobs/<job_id>/cancel",
+    operation_id="cancel_job",
+    security=doc.API_KEY,
+    responses=doc.responses(
+        {
+            200: doc.ok("The job, cancelled (or stopping at its next step)", JobView),
+            404: doc.error("No such job for this API key (not_found)"),
+            409: doc.error("The job is already terminal (conflict)"),
+        }
+    ),
+)
+def cancel_job(job_id: JobId) -> JobView:
     """Cancel a job: queued at once, running at the next step; 409 for a terminal job."""
     logger.set_correlation_id(job_id)
     return JobView.model_validate(service().cancel(tenant(), job_id))
 
 
-@app.get("/v1/jobs")
+@app.get(
+    "/v1/jobs",
+    operation_id="list_jobs",
+    security=doc.API_KEY,
+    responses=doc.responses(
+        {
+            200: doc.ok("A page of jobs, newest first", JobList),
+            422: doc.error(
+                "A query parameter out of range, or a cursor this API did not issue "
+                "to this key (invalid_request)"
+            ),
+        }
+    ),
+)
 def list_jobs(
-    status: Annotated[str | None, Query()] = None,
-    model: Annotated[str | None, Query()] = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    cursor: Annotated[str | None, Query(max_length=2048)] = None,
+    status: Annotated[JobStatus | None, Query(description="Only jobs in this status")] = None,
+    model: Annotated[
+        str | None, Query(min_length=1, max_length=128, description="Only jobs of this model")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=100, description="Page size")] = 20,
+    cursor: Annotated[
+        str | None,
+        Query(pattern=CURSOR_PATTERN, description="next_cursor of the previous page"),
+    ] = None,
 ) -> JobList:
     """The caller's jobs, newest first: ``{"jobs": [...], "next_cursor": ...}``."""
-    if status is not None and status not in STATUSES:
-        raise InvalidRequest(
-            f"unknown status {status!r}",
-            [{"field": "status", "message": f"must be one of {list(STATUSES)}"}],
-        )
     page = service().list(tenant(), limit=limit, cursor=cursor, status=status, model=model)
     return JobList.model_validate(page)
 
 
 @app.post(
     "/v1/uploads",
-    responses={201: _doc("Created", UploadView)},
+    operation_id="create_upload",
+    security=doc.API_KEY,
+    responses=doc.responses({201: doc.ok("Created", UploadView)}),
 )
 def create_upload() -> Response[UploadView]:
     """Where to upload a large input: 201 ``{"upload_url", "input_url", "expires_at",
@@ -155,23 +263,65 @@ def create_upload() -> Response[UploadView]:
     return json_response(201, body)
 
 
-@app.get("/v1/webhooks/secret")
+@app.get(
+    "/v1/webhooks/secret",
+    operation_id="get_webhook_secret",
+    security=doc.API_KEY,
+    responses=doc.responses({200: doc.ok("The signing secrets", WebhookSecretView)}),
+)
 def get_webhook_secret() -> WebhookSecretView:
     """The caller's webhook signing secret (``whsec_...``; made on first use) and, after a
     rotation, the previous one while it is still valid. Deliveries are signed with both then."""
     return SecretStore(service().settings).get(tenant())
 
 
-@app.post("/v1/webhooks/secret/rotate")
+@app.post(
+    "/v1/webhooks/secret/rotate",
+    operation_id="rotate_webhook_secret",
+    security=doc.API_KEY,
+    responses=doc.responses(
+        {200: doc.ok("The new secret and the previous one", WebhookSecretView)}
+    ),
+)
 def rotate_webhook_secret() -> WebhookSecretView:
     """Make a new webhook signing secret; the previous one stays valid for 24 h."""
     return SecretStore(service().settings).rotate(tenant())
 
 
 # ---------------------------------------------------------------------------- errors
-def error_response(exc: ApiError) -> Response:
+def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> Response:
     """The spec's error body for ``exc`` at its HTTP status."""
-    return json_response(exc.http_status, exc.body())
+    return json_response(exc.http_status, exc.body(), headers)
+
+
+@lru_cache(maxsize=1)
+def _route_table() -> tuple[tuple[re.Pattern[str], frozenset[str]], ...]:
+    """``(path regex, methods)`` of every route, from the routes' OpenAPI paths (``{name}``
+    matches one path segment, as Powertools' ``<name>`` does)."""
+    paths: dict[str, set[str]] = {"/v1/openapi.json": {"GET"}}
+    for path, item in (app.get_openapi_schema().paths or {}).items():
+        methods = {m.upper() for m, op in item.model_dump(exclude_none=True).items() if op}
+        paths.setdefault(path, set()).update(methods & _HTTP_METHODS)
+    table = []
+    for path, methods in paths.items():
+        rx = "^" + re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(path)) + "$"
+        table.append((re.compile(rx), frozenset(methods)))
+    return tuple(table)
+
+
+_HTTP_METHODS = frozenset({"GET", "PUT", "POST", "DELETE", "OPTIONS", "HEAD", "PATCH", "TRACE"})
+
+
+def allowed_methods(path: str) -> list[str]:
+    """The methods the API has for ``path`` (empty when no route has the path); ``HEAD``
+    wherever ``GET`` is (RFC 9110 9.3.2, answered by :func:`handler`)."""
+    found: set[str] = set()
+    for rx, methods in _route_table():
+        if rx.match(path):
+            found |= methods
+    if "GET" in found:
+        found.add("HEAD")
+    return sorted(found)
 
 
 @app.exception_handler(ApiError)
@@ -189,7 +339,10 @@ def on_validation_error(exc: RequestValidationError) -> Response:
     details = []
     for err in errors:
         loc = [str(p) for p in err.get("loc", ())]
-        if loc and loc[0] in ("body", "query", "path", "header"):
+        if loc and loc[0] == "header" and len(loc) > 1:
+            # Named as the spec writes the header (Idempotency-Key), as jobs.py names it too.
+            loc = ["-".join(w.capitalize() for w in loc[1].split("-")), *loc[2:]]
+        elif loc and loc[0] in ("body", "query", "path", "header"):
             loc = loc[1:]
         details.append(
             {
@@ -204,6 +357,13 @@ def on_validation_error(exc: RequestValidationError) -> Response:
 
 @app.not_found
 def on_not_found(exc: NotFoundError) -> Response:
+    """No route for this method and path: 405 with ``Allow`` when the path exists with other
+    methods (RFC 9110), else 404."""
+    event = app.current_event
+    allowed = allowed_methods(event.path)
+    if allowed:
+        exc_405 = MethodNotAllowed(f"{event.path} takes only {', '.join(allowed)}")
+        return error_response(exc_405, {"Allow": ", ".join(allowed)})
     return error_response(NotFound("no such route"))
 
 
@@ -214,72 +374,11 @@ def on_unexpected(exc: Exception) -> Response:
 
 
 # ---------------------------------------------------------------------------- entry point
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _body_error(event: dict[str, Any]) -> ApiError | None:
-    """Check the body before routing, as strict JSON: too large (413); not UTF-8, not JSON,
-    ``NaN``/``Infinity``, nested too deeply, or unpaired surrogates (400 ``invalid_json``); and
-    no body at all where one is required (400). ``None`` when the body is fine."""
-    raw = event.get("body")
-    if raw is None or raw == "":
-        if event.get("httpMethod") == "POST" and (event.get("path") or "") == "/v1/jobs":
-            return InvalidJson("the request body is empty; send a JSON object")
-        return None
-    data: bytes
-    if event.get("isBase64Encoded"):
-        try:
-            data = base64.b64decode(raw)
-        except ValueError:
-            return InvalidJson("the request body is not valid base64")
-    else:
-        data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
-    if len(data) > MAX_BODY_BYTES:
-        return PayloadTooLarge(
-            f"request body is larger than {MAX_BODY_BYTES} bytes; "
-            "upload large inputs with POST /v1/uploads and submit input_url"
-        )
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return InvalidJson("the request body is not UTF-8")
-    try:
-        parsed = json.loads(text, parse_constant=_reject_constant)
-    except RecursionError:
-        return InvalidJson("the request body is nested too deeply")
-    except ValueError as exc:
-        return InvalidJson(f"the request body is not valid JSON: {exc}")
-    try:
-        json.dumps(parsed, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return InvalidJson("the request body has an unpaired UTF-16 surrogate escape (\\uD800)")
-    except RecursionError:
-        return InvalidJson("the request body is nested too deeply")
-    return None
-
-
-def _normalise(event: dict[str, Any]) -> dict[str, Any]:
-    """The API takes JSON only: treat a missing or other content type as JSON (curl -d sends form
-    encoding by default) rather than parsing forms."""
-    headers = event.get("headers") or {}
-    for name in list(headers):
-        if name.lower() == "content-type":
-            del headers[name]
-    headers["content-type"] = "application/json"
-    event["headers"] = headers
-    if event.get("multiValueHeaders"):
-        event["multiValueHeaders"] = {
-            k: v for k, v in event["multiValueHeaders"].items() if k.lower() != "content-type"
-        }
-        event["multiValueHeaders"]["content-type"] = ["application/json"]
-    return event
-
-
 @instrument(logger, tracer, metrics, correlation_id_path="requestContext.requestId")
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    """The API Lambda's entry point (API Gateway REST proxy integration)."""
-    error = _body_error(event)
+    """The API Lambda's entry point (API Gateway REST proxy integration). ``HEAD`` is answered
+    as ``GET`` (the gateway sends no body for it)."""
+    error = body_error(event)
     if error is not None:
         return {
             "statusCode": error.http_status,
@@ -287,4 +386,6 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             "body": json.dumps(error.body()),
             "isBase64Encoded": False,
         }
-    return app.resolve(_normalise(event), context)
+    if event.get("httpMethod") == "HEAD":
+        event = {**event, "httpMethod": "GET"}
+    return app.resolve(normalise(event), context)

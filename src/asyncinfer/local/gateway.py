@@ -5,7 +5,13 @@ usage plan would, and invokes the handler in the local Lambda pool.
 Like API Gateway with the CDK app's gateway responses (``infra/components/api.py``): a missing
 or unknown key is 403 with the error body ``{"error": {"code": "forbidden", ...}}``
 (``/v1/health`` needs none); the key's id is ``requestContext.identity.apiKeyId``; bodies above
-10 MB are refused with 413 ``payload_too_large`` before the handler runs.
+10 MB are refused with 413 ``payload_too_large`` before the handler runs. Requests come to the
+handler only through the CDK app's two resource methods, ``GET /v1/health`` and
+``ANY /v1/{proxy+}``: any other method or path (TRACE, ``POST /v1/health``, ``/``) gets the
+app's ``MISSING_AUTHENTICATION_TOKEN`` gateway response, 404 ``not_found`` "Missing
+Authentication Token" (API Gateway's own default is 403 ``{"message": "Missing Authentication
+Token"}``), never Python's 501 page. A handler that cannot be invoked is the app's
+``DEFAULT_5XX`` response, 500 ``internal``.
 """
 
 from __future__ import annotations
@@ -29,6 +35,29 @@ log = logging.getLogger("asyncinfer.local")
 GATEWAY_MAX_BODY_BYTES = 10 * 1024 * 1024
 API_HANDLER = "asyncinfer.api.app:handler"
 PUBLIC_PATHS = frozenset({"/v1/health"})
+#: The methods a REST API resource method can have; ``ANY`` stands for all of them (API Gateway
+#: developer guide, "Set up a method"). Others (TRACE, CONNECT, ...) match no method.
+GATEWAY_METHODS = frozenset({"DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT"})
+
+
+def missing_authentication_token() -> dict[str, Any]:
+    """The body of the CDK app's ``MISSING_AUTHENTICATION_TOKEN`` gateway response (404,
+    ``infra/components/api.py``): what API Gateway answers a method or path no resource has."""
+    return _error("not_found", "Missing Authentication Token")
+
+
+def route(method: str, path: str) -> str | None:
+    """Which of the CDK app's resource methods takes ``method`` on ``path``: ``"public"``
+    (``GET /v1/health``, no key), ``"keyed"`` (``ANY /v1/{proxy+}``, key required) or ``None``
+    (no such resource method: API Gateway answers ``MISSING_AUTHENTICATION_TOKEN`` before it
+    looks at the key)."""
+    if method not in GATEWAY_METHODS:
+        return None
+    if path in PUBLIC_PATHS:
+        return "public" if method == "GET" else None
+    if path.startswith("/v1/") and len(path) > len("/v1/"):
+        return "keyed"
+    return None
 
 
 def build_event(
@@ -79,7 +108,9 @@ def build_event(
             "httpMethod": method,
             "extendedRequestId": str(uuid.uuid4()),
             "requestTime": time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime()),
-            "path": f"/{stage}{path}",
+            # As on a custom domain mapped with no base path: the local API is served at the
+            # root, not under /<stage>.
+            "path": path,
             "accountId": "123456789012",
             "protocol": "HTTP/1.1",
             "stage": stage,
@@ -169,9 +200,13 @@ class LocalGateway:
                     return
                 body = self.rfile.read(length) if length else b""
                 path = urlsplit(self.path).path
+                resource = route(self.command, path)
+                if resource is None:
+                    self._json(404, missing_authentication_token())
+                    return
                 key = self.headers.get("x-api-key")
                 key_id = gateway.api_keys.get(key or "")
-                if path not in PUBLIC_PATHS and key_id is None:
+                if resource == "keyed" and key_id is None:
                     self._json(
                         403, {"error": {"code": "forbidden", "message": "Forbidden", "details": []}}
                     )
@@ -189,7 +224,8 @@ class LocalGateway:
                     resp = gateway.pool.invoke(API_HANDLER, event)
                 except Exception:
                     log.exception("handler invocation failed")
-                    self._json(502, {"message": "Internal server error"})
+                    # API Gateway's integration failure, as the CDK app's DEFAULT_5XX response.
+                    self._json(500, _error("internal", "Internal server error"))
                     return
                 out_headers = dict(resp.get("headers") or {})
                 for k, vs in (resp.get("multiValueHeaders") or {}).items():
@@ -199,6 +235,13 @@ class LocalGateway:
                 self._send(int(resp.get("statusCode", 200)), data, out_headers)
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _handle
+
+            def __getattr__(self, name: str) -> Any:
+                # BaseHTTPRequestHandler looks up do_<METHOD> and answers 501 in HTML without
+                # one; every other method gets API Gateway's answer instead.
+                if name.startswith("do_"):
+                    return self._handle
+                raise AttributeError(name)
 
         class Server(ThreadingHTTPServer):
             daemon_threads = True

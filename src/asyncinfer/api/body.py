@@ -1,0 +1,77 @@
+"""Checks of a proxy event before routing: the body is strict JSON of at most
+:data:`MAX_BODY_BYTES` (400 ``invalid_json`` / 413 ``payload_too_large``), and the content type is
+taken as JSON. Moved out of :mod:`asyncinfer.api.app` unchanged."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from asyncinfer.errors import ApiError, InvalidJson, PayloadTooLarge
+
+#: Largest request body the handler takes, bytes. A Lambda proxy request is capped at 6 MB;
+#: larger inputs go through POST /v1/uploads.
+MAX_BODY_BYTES = 6 * 1024 * 1024
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def body_error(event: dict[str, Any]) -> ApiError | None:
+    """Check the body before routing, as strict JSON: too large (413); not UTF-8, not JSON,
+    ``NaN``/``Infinity``, nested too deeply, or unpaired surrogates (400 ``invalid_json``); and
+    no body at all where one is required (400). ``None`` when the body is fine."""
+    raw = event.get("body")
+    if raw is None or raw == "":
+        if event.get("httpMethod") == "POST" and (event.get("path") or "") == "/v1/jobs":
+            return InvalidJson("the request body is empty; send a JSON object")
+        return None
+    data: bytes
+    if event.get("isBase64Encoded"):
+        try:
+            data = base64.b64decode(raw)
+        except ValueError:
+            return InvalidJson("the request body is not valid base64")
+    else:
+        data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if len(data) > MAX_BODY_BYTES:
+        return PayloadTooLarge(
+            f"request body is larger than {MAX_BODY_BYTES} bytes; "
+            "upload large inputs with POST /v1/uploads and submit input_url"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return InvalidJson("the request body is not UTF-8")
+    try:
+        parsed = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        return InvalidJson("the request body is nested too deeply")
+    except ValueError as exc:
+        return InvalidJson(f"the request body is not valid JSON: {exc}")
+    try:
+        json.dumps(parsed, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return InvalidJson("the request body has an unpaired UTF-16 surrogate escape (\\uD800)")
+    except RecursionError:
+        return InvalidJson("the request body is nested too deeply")
+    return None
+
+
+def normalise(event: dict[str, Any]) -> dict[str, Any]:
+    """The API takes JSON only: treat a missing or other content type as JSON (curl -d sends form
+    encoding by default) rather than parsing forms."""
+    headers = event.get("headers") or {}
+    for name in list(headers):
+        if name.lower() == "content-type":
+            del headers[name]
+    headers["content-type"] = "application/json"
+    event["headers"] = headers
+    if event.get("multiValueHeaders"):
+        event["multiValueHeaders"] = {
+            k: v for k, v in event["multiValueHeaders"].items() if k.lower() != "content-type"
+        }
+        event["multiValueHeaders"]["content-type"] = ["application/json"]
+    return event
