@@ -25,10 +25,14 @@ the shape this relies on (a module-level ``copy`` and a ``Table`` class), the pa
 from __future__ import annotations
 
 import copy
+import os
+import signal
 import subprocess
 import sys
 import threading
 from typing import IO, Any
+
+from asyncinfer.local import lifeline
 
 _local = threading.local()
 
@@ -132,17 +136,25 @@ def start_emulator(
     port: int, *, stderr: IO[bytes] | int = subprocess.DEVNULL
 ) -> subprocess.Popen[bytes]:
     """Start the emulator on ``127.0.0.1:port`` in a new session (Ctrl-C reaches whoever owns it,
-    which stops it in order). Returns at once; the caller waits for it to answer."""
+    which stops it in order). Returns at once; the caller waits for it to answer.
+
+    The emulator holds a lifeline to this process (:mod:`asyncinfer.local.lifeline`): if this
+    process dies without stopping it, the emulator ends within about a second (through the
+    parent-death signal too when started from the main thread, whose end is the process's)."""
+    main_thread = threading.current_thread() is threading.main_thread()
     return subprocess.Popen(
         [sys.executable, "-m", "asyncinfer.local.emulator", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=stderr,
         start_new_session=True,
+        env={**os.environ, **lifeline.lifeline_env(pdeathsig=main_thread)},
     )
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Patch moto (:func:`patch_dynamodb`), then run ``moto.server.main`` with ``argv``."""
+    """Hold the lifeline to whoever started this emulator (SIGTERM ends it), patch moto
+    (:func:`patch_dynamodb`), then run ``moto.server.main`` with ``argv``."""
+    lifeline.hold(sig=signal.SIGTERM, grace=1.0)
     from moto import server
 
     patch_dynamodb()

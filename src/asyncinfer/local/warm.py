@@ -29,8 +29,11 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Protocol
+
+from asyncinfer.local.lifeline import hold, process_exists
+
+__all__ = ["ForkedWorker", "WarmStarter", "WorkerProcess", "forkserver_available", "process_exists"]
 
 #: What the fork server imports once: every module a worker of the local stack's models would
 #: import before it loads a checkpoint (a name that does not import is skipped).
@@ -126,35 +129,23 @@ class ForkedWorker:
 _STATUS_LOST = 255
 
 
-def process_exists(pid: int | None) -> bool:
-    """Whether process ``pid`` exists and is not a zombie (``/proc``; elsewhere
-    ``kill(pid, 0)``)."""
-    if pid is None:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
-
-
 #: What a forked worker runs: ``"module:function"``, called with the worker's argv; it returns
 #: the exit status.
 WORKER_ENTRY = "asyncinfer.worker.__main__:main"
 
 
-def _run_worker(entry: str, argv: list[str], env: dict[str, str]) -> None:
-    """The forked worker's body: its own session, line-buffered output, exactly ``env`` as its
-    environment, then ``entry(argv)``; the process exits with what it returns."""
+#: Seconds a forked worker gets to drain (it is sent SIGTERM) once the stack is gone, before it
+#: exits on its own (:func:`asyncinfer.local.lifeline.hold`).
+ORPHAN_GRACE_SECONDS = 2.0
+
+
+def _run_worker(entry: str, argv: list[str], env: dict[str, str], lifeline: int | None) -> None:
+    """The forked worker's body: its own session, a lifeline to process ``lifeline`` (the
+    stack: the worker stops on its own if the stack dies), line-buffered output, exactly
+    ``env`` as its environment, then ``entry(argv)``; the process exits with what it returns."""
     os.setsid()
+    if lifeline is not None:
+        hold(lifeline, sig=signal.SIGTERM, grace=ORPHAN_GRACE_SECONDS, pdeathsig=False)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
@@ -222,11 +213,16 @@ class WarmStarter:
         """Stop the fork server (SIGKILL), if this process started one: a spawn still waiting for
         it fails instead of forking a worker later. Workers already forked go on; their exit
         status is then read from ``/proc`` (see :class:`ForkedWorker`)."""
-        server = multiprocessing.forkserver._forkserver
-        pid = getattr(server, "_forkserver_pid", None)
+        pid = self.server_pid()
         if pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+    def server_pid(self) -> int | None:
+        """The fork server's pid, if this process started one (and has not seen it stop)."""
+        server = multiprocessing.forkserver._forkserver
+        pid = getattr(server, "_forkserver_pid", None)
+        return int(pid) if pid else None
 
     def wait_ready(self, stop: threading.Event | None = None) -> bool:
         """Block until the fork server has finished its imports (it forks a process that does
@@ -257,11 +253,13 @@ class WarmStarter:
         self, argv: list[str], env: Mapping[str, str], *, entry: str = WORKER_ENTRY
     ) -> ForkedWorker:
         """Fork a worker: ``entry`` (default: ``asyncinfer.worker``'s ``main``) called with
-        ``argv``, under exactly the environment ``env``."""
+        ``argv``, under exactly the environment ``env``. The worker holds a lifeline to this
+        process: if this process dies, the worker is sent SIGTERM and exits within
+        :data:`ORPHAN_GRACE_SECONDS` (it is a child of the fork server, not of this process)."""
         self.start()  # (re)launches the fork server if it is not running
         process = self._ctx.Process(
             target=_run_worker,
-            args=(entry, list(argv), dict(env)),
+            args=(entry, list(argv), dict(env), os.getpid()),
             name="asyncinfer-worker",
             daemon=True,  # stopped if the stack exits without stopping it
         )
