@@ -37,23 +37,18 @@ from asyncinfer import clients, logs
 from asyncinfer.local import lifeline, shutdown
 from asyncinfer.local.autoscaler import LocalAutoscaler, sqs_queue_counts
 from asyncinfer.local.emulator import start_emulator
-from asyncinfer.local.event_source import pump_once
 from asyncinfer.local.gateway import LocalGateway
 from asyncinfer.local.lambda_runtime import LambdaPool
+from asyncinfer.local.pumps import Pumps
 from asyncinfer.local.resources import Resources, create_resources
 from asyncinfer.local.stale import StateDirInUse, check_state_dir, process_record
 from asyncinfer.local.warm import WarmStarter, WorkerProcess, forkserver_available
 from asyncinfer.models.registry import MODELS
 from asyncinfer.scaling.policy import ScalingConfig
 from asyncinfer.settings import Settings
-from asyncinfer.sweeper import expire_due
 
 log = logging.getLogger("asyncinfer.local")
 
-DLQ_HANDLER = "asyncinfer.dlq:lambda_handler"
-WEBHOOK_HANDLER = "asyncinfer.webhooks.dispatcher:lambda_handler"
-#: How often the expiry sweeper runs on the local stack, seconds.
-SWEEP_SECONDS = 5.0
 #: Seconds into the stop when workers still running after SIGTERM are killed.
 WORKER_STOP_SECONDS = shutdown.WORKER_STOP_SECONDS
 
@@ -122,6 +117,7 @@ class LocalStack:
         self.pool: LambdaPool | None = None
         self.gateway: LocalGateway | None = None
         self.resources: Resources | None = None
+        self.pumps: Pumps | None = None
         self.env: dict[str, str] = {}
         self.api_key, self.api_key_id = _new_key()
         self.extra = {name: _new_key() for name in opts.extra_keys}
@@ -196,10 +192,8 @@ class LocalStack:
             interval=opts.scale_interval,
         )
         self.autoscaler.start()
-        threading.Thread(target=self._event_log_loop, name="events", daemon=True).start()
-        threading.Thread(target=self._dlq_loop, name="dlq", daemon=True).start()
-        threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True).start()
-        threading.Thread(target=self._webhook_loop, name="webhooks", daemon=True).start()
+        self.pumps = Pumps(self.settings, self.resources, self.pool, self.stop_event)
+        self.pumps.start()
 
         doc = {
             "api_url": self.gateway.url,
@@ -266,84 +260,6 @@ class LocalStack:
         log.info("worker started: model=%s pid=%s warm=%s", model, proc.pid, self.warm is not None)
         return proc
 
-    # ------------------------------------------------------------------ background loops
-    def _event_log_loop(self) -> None:
-        while not self.stop_event.is_set():
-            try:
-                self._print_events(wait=1)
-            except Exception:
-                if self.stop_event.is_set():
-                    return
-                time.sleep(1)
-
-    def _print_events(self, wait: int) -> int:
-        """Print one line per job event waiting in the event-log queue; returns how many."""
-        assert self.resources is not None
-        sqs = clients.client("sqs", self.settings)
-        url = self.resources.event_log_queue
-        resp = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=wait)
-        msgs = resp.get("Messages", [])
-        for m in msgs:
-            try:
-                event = json.loads(m["Body"])
-                job = event["data"]
-                extra = f" error={job['error'].get('code')}" if job.get("error") else ""
-                print(
-                    f"{event['timestamp']} {event['type']:<14} {job['id']} "
-                    f"model={job['model']} attempts={job['attempts']}{extra}",
-                    flush=True,
-                )
-            except (ValueError, KeyError, TypeError, AttributeError):
-                log.warning("unreadable event: %.200s", m.get("Body"))
-        if msgs:
-            sqs.delete_message_batch(
-                QueueUrl=url,
-                Entries=[
-                    {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(msgs)
-                ],
-            )
-        return len(msgs)
-
-    def _sweep_loop(self) -> None:
-        """The expiry sweeper, every few seconds (a scheduled Lambda in AWS)."""
-        while not self.stop_event.wait(SWEEP_SECONDS):
-            try:
-                expire_due(self.settings)
-            except Exception:
-                log.exception("expiry sweep failed")
-
-    def _dlq_loop(self) -> None:
-        """Feed each dead-letter queue's messages to the DLQ Lambda handler as SQS events."""
-        assert self.resources is not None and self.pool is not None
-        sqs = clients.client("sqs", self.settings)
-        pool = self.pool
-        while not self.stop_event.is_set():
-            for url in self.resources.dlqs.values():
-                if self.stop_event.is_set():
-                    return
-                try:
-                    pump_once(sqs, url, lambda ev: pool.invoke(DLQ_HANDLER, ev, "dlq"))
-                except Exception:
-                    if self.stop_event.is_set():
-                        return
-                    log.exception("DLQ handler failed")
-                    time.sleep(1)
-
-    def _webhook_loop(self) -> None:
-        """Feed the webhook queue's messages to the webhook dispatcher Lambda handler as SQS
-        events, as the event source mapping does in AWS (see asyncinfer.local.event_source)."""
-        assert self.resources is not None and self.pool is not None
-        pool, url = self.pool, self.resources.webhook_queue
-        sqs = clients.client("sqs", self.settings)
-        while not self.stop_event.is_set():
-            try:
-                pump_once(sqs, url, lambda ev: pool.invoke(WEBHOOK_HANDLER, ev, "webhooks"))
-            except Exception:
-                if self.stop_event.is_set():
-                    return
-                log.exception("webhook dispatcher failed")
-                time.sleep(1)
-
     # ------------------------------------------------------------------ stop
     def install_signal_handlers(self) -> None:
         """SIGINT and SIGTERM set :attr:`stop_event` (main thread only); a second one sets
@@ -392,8 +308,8 @@ class LocalStack:
         workers.join(clock.left(shutdown.WORKER_STOP_SECONDS + 1.5))
         if workers.is_alive():
             abandoned.append("stopping the workers (still waiting for them)")
-        if self.resources and clock.left(shutdown.WORKER_STOP_SECONDS + 1.5) > 0:
-            self._print_last_events(clock)
+        if self.pumps is not None and clock.left(shutdown.WORKER_STOP_SECONDS + 1.5) > 0:
+            self._print_last_events(self.pumps, clock)
         if self.warm is not None:
             self.warm.stop()  # a spawn still waiting for it fails instead of forking late
         if self.moto is not None:
@@ -405,12 +321,12 @@ class LocalStack:
         log.info("stopped in %.1f s", clock.elapsed())
         return abandoned
 
-    def _print_last_events(self, clock: shutdown.StopClock) -> None:
+    def _print_last_events(self, pumps: Pumps, clock: shutdown.StopClock) -> None:
         """The workers' last events (jobs released back to queued), for at most 1.5 s."""
 
         def drain() -> None:
             try:
-                while self._print_events(wait=0) and not self.hurry.is_set():
+                while pumps.print_events(wait=0) and not self.hurry.is_set():
                     pass
             except Exception:
                 log.warning("could not read the last events")
