@@ -114,6 +114,21 @@ def test_stop_with_a_trickling_webhook_receiver_is_quick_and_says_what_it_abando
                 )
                 assert r.status_code == 202, r.text
             assert receiver.got.wait(120), "no delivery began:\n" + "\n".join(s.lines[-30:])
+            # And a long poll on a job that will not end within it.
+            with s.client() as c:
+                slow = c.post("/v1/jobs", json={"model": "echo", "input": {"sleep_seconds": 30}})
+            polled: list[object] = []
+
+            def long_poll() -> None:
+                try:
+                    with s.client() as c:
+                        polled.append(c.get(f"/v1/jobs/{slow.json()['id']}?wait=20").status_code)
+                except httpx.HTTPError as exc:
+                    polled.append(exc)
+
+            poller = threading.Thread(target=long_poll, daemon=True)
+            poller.start()
+            time.sleep(1.0)  # the request reaches its Lambda instance
             children = descendants(s.proc.pid)
             t0 = time.monotonic()
             s.proc.send_signal(signal.SIGINT)
@@ -126,7 +141,10 @@ def test_stop_with_a_trickling_webhook_receiver_is_quick_and_says_what_it_abando
             assert len(summary) == 1, "\n".join(s.lines[-20:])
             assert summary[0].startswith("asyncinfer local: stopped in ")
             # The delivery in progress (its batch may hold the job's other events, dropped).
-            assert re.search(r"abandoned: webhooks \(\d+ records?\), running for ", summary[0])
+            assert re.search(r"webhooks \(\d+ records?\), running for ", summary[0])
+            assert f"api GET /v1/jobs/{slow.json()['id']}?wait=20, running for " in summary[0]
+            poller.join(5)
+            assert polled and polled[0] != 200  # answered 502 when abandoned, or cut off
             assert port_free(s.local["aws_endpoint_url"]) and port_free(s.api)
             assert all_gone(children, 5) == set()
             assert not (tmp_path / "state" / "local.json").exists()

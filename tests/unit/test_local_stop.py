@@ -272,3 +272,33 @@ def test_a_port_in_use_is_named(tmp_path: Path) -> None:
     message = str(info.value)
     assert f"port {port} on 127.0.0.1 is in use" in message
     assert "API port of the stale stack" in message and "--port" in message
+
+
+@pytest.mark.skipif(not LINUX, reason="forkserver and /proc")
+def test_fork_server_still_importing_stops_when_its_parent_is_killed() -> None:
+    """Without its lifeline the fork server would notice its parent's end only after its
+    imports (here 20 s)."""
+    code = (
+        "import time\n"
+        "import multiprocessing.forkserver as fs\n"
+        "from asyncinfer.local.warm import WarmStarter\n"
+        "WarmStarter(preload=['json', 'tests.unit.very_slow_import']).start()\n"
+        "print(fs._forkserver._forkserver_pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert parent.stdout is not None
+        server = int(parent.stdout.readline())
+        time.sleep(1.0)  # importing
+        assert lifeline.process_exists(server)
+        parent.kill()
+        parent.wait()
+        assert _gone(server, 5), "the fork server outlived its parent"
+    finally:
+        parent.kill()

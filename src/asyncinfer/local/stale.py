@@ -47,7 +47,12 @@ def same_process(record: Any) -> bool:
     if pid <= 0 or not process_exists(pid):
         return False
     recorded, now = record.get("start"), start_ticks(pid)
-    return recorded is None or now is None or recorded == now
+    if recorded is not None and now is not None:
+        return bool(recorded == now)
+    try:  # no start time to compare (an older local.json): is it at least one of ours?
+        return b"asyncinfer" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:

@@ -51,6 +51,10 @@ PRELOAD = [
 ]
 
 
+#: Imported by the fork server before :data:`PRELOAD`: it then ends at once if this process dies.
+HOLD_MODULE = "asyncinfer.local.forkserver_hold"
+
+
 class WorkerProcess(Protocol):
     """What the local stack needs of a worker process: the part of ``subprocess.Popen`` it uses."""
 
@@ -175,7 +179,8 @@ class WarmStarter:
     ``start()`` launches the fork server (it imports in the background: the first worker asked
     for meanwhile waits for those imports, no longer); ``spawn(argv, env)`` forks a worker that
     runs ``python -m asyncinfer.worker`` with the arguments ``argv`` and exactly the environment
-    ``env``. The fork server exits when the process that started it does.
+    ``env``. The fork server exits when the process that started it does (at once: it holds a
+    lifeline to it, :mod:`asyncinfer.local.forkserver_hold`).
 
     As with any ``multiprocessing`` program, the script that starts the stack must guard its
     entry with ``if __name__ == "__main__":`` (each fork imports it as ``__mp_main__``).
@@ -199,7 +204,8 @@ class WarmStarter:
         and a Ctrl-C during its imports would otherwise end it with a traceback (the stack stops
         on Ctrl-C by itself; the fork server exits when the stack does). Its forks restore the
         default SIGINT handler."""
-        self._ctx.set_forkserver_preload(self._preload)
+        # First a lifeline to this process (asyncinfer.local.forkserver_hold), then the imports.
+        self._ctx.set_forkserver_preload([HOLD_MODULE, *self._preload])
         if threading.current_thread() is not threading.main_thread():
             multiprocessing.forkserver.ensure_running()
             return
