@@ -120,6 +120,13 @@ def test_a_second_signal_cuts_the_waits_short() -> None:
     assert clock.left(30) == 0
 
 
+def test_the_clock_counts_from_the_signal() -> None:
+    clock = shutdown.StopClock(started=time.monotonic() - 4.0)  # the signal came 4 s ago
+    assert 3.5 < clock.elapsed() < 5
+    assert 0.5 < clock.left(shutdown.LAMBDA_STOP_SECONDS) <= 1.0
+    assert clock.wait_until(1.0, lambda: False) is False  # past: no waiting
+
+
 def test_report_exit_status_and_line(capsys: pytest.CaptureFixture[str]) -> None:
     clock = shutdown.StopClock()
     assert shutdown.report([], clock) == 0

@@ -2,7 +2,7 @@
 :data:`STOP_SECONDS` of SIGINT or SIGTERM (spec ``api.md``, "The local stack"), whatever its
 threads are doing.
 
-The budget, counted from the start of the stop (seconds):
+The budget, counted from the signal (or the start of the stop), in seconds:
 
 * Lambda invocations in progress (an API request, a long poll ``?wait=``, a webhook delivery to a
   receiver that answers one byte a second) get :data:`LAMBDA_STOP_SECONDS`; then their processes
@@ -55,10 +55,14 @@ class StopClock:
 
     Args:
         hurry: set (a second signal) to cut every remaining wait short.
+        started: when the stop began (``time.monotonic()``, e.g. the signal's arrival); now
+            by default.
     """
 
-    def __init__(self, hurry: threading.Event | None = None) -> None:
-        self.started = time.monotonic()
+    def __init__(
+        self, hurry: threading.Event | None = None, *, started: float | None = None
+    ) -> None:
+        self.started = time.monotonic() if started is None else started
         self.hurry = hurry or threading.Event()
 
     def elapsed(self) -> float:

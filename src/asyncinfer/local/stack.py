@@ -111,6 +111,8 @@ class LocalStack:
         self._wrote_local_json = False
         #: The clock of the stop in progress or done (:meth:`stop`).
         self.stop_clock = shutdown.StopClock(self.hurry)
+        #: ``time.monotonic()`` of the first SIGINT/SIGTERM: the stop's budget counts from it.
+        self.signalled_at: float | None = None
         self.autoscaler: LocalAutoscaler | None = None
         self.warm: WarmStarter | None = None
         self.moto: subprocess.Popen[bytes] | None = None
@@ -261,16 +263,22 @@ class LocalStack:
         return proc
 
     # ------------------------------------------------------------------ stop
-    def install_signal_handlers(self) -> None:
+    def install_signal_handlers(self, *, watchdog: bool = False) -> None:
         """SIGINT and SIGTERM set :attr:`stop_event` (main thread only); a second one sets
         :attr:`hurry` (the stop cuts its waits short). Installed before :meth:`start`, so that a
         signal while the stack starts still ends in :meth:`stop` instead of leaving the emulator
-        and the fork server behind."""
+        and the fork server behind. The stop's clock starts at the first signal; with
+        ``watchdog``, so does a :class:`~asyncinfer.local.shutdown.Watchdog` that ends this
+        process (children first) whatever :meth:`start` or :meth:`stop` is then blocked in."""
 
         def on_signal(*_: Any) -> None:
             if self.stop_event.is_set():
                 self.hurry.set()
+                return
+            self.signalled_at = time.monotonic()
             self.stop_event.set()
+            if watchdog:
+                shutdown.Watchdog(shutdown.WATCHDOG_SECONDS, self.kill_children).start()
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
@@ -286,7 +294,7 @@ class LocalStack:
         then the fork server and the emulator go. Returns what had to be abandoned (empty when
         everything finished in time)."""
         self.stop_event.set()
-        clock = self.stop_clock = shutdown.StopClock(self.hurry)
+        clock = self.stop_clock = shutdown.StopClock(self.hurry, started=self.signalled_at)
         if self.moto is None:  # refused to start (or never started): nothing to stop
             return []
         log.info("stopping")
@@ -368,12 +376,12 @@ def wait_http(url: str, timeout: float, *, stop: threading.Event | None = None) 
 def run_local(opts: LocalOptions) -> int:
     """Start the stack, print the ready line, serve until a signal, stop. Returns 0, or
     :data:`~asyncinfer.local.shutdown.EXIT_ABANDONED` when the stop had to abandon work (it
-    says what on stderr). A watchdog started with the stop ends the process, children
-    included, should the stop or the interpreter's exit hooks overrun (never cancelled: it dies
-    with the process)."""
+    says what on stderr). A watchdog started with the first signal (or the stop) ends the
+    process, children included, should the start, the stop or the interpreter's exit hooks
+    overrun (never cancelled: it dies with the process)."""
     logs.setup("local")
     stack = LocalStack(opts)
-    stack.install_signal_handlers()
+    stack.install_signal_handlers(watchdog=True)
     abandoned: list[str] = []
     try:
         doc = stack.start()
@@ -383,6 +391,7 @@ def run_local(opts: LocalOptions) -> int:
             print(f"asyncinfer local: ready api={doc['api_url']} key={doc['api_key']}", flush=True)
             stack.wait()
     finally:
-        shutdown.Watchdog(shutdown.WATCHDOG_SECONDS, stack.kill_children).start()
+        if stack.signalled_at is None:  # stopping for another reason (start failed)
+            shutdown.Watchdog(shutdown.WATCHDOG_SECONDS, stack.kill_children).start()
         abandoned = stack.stop()
     return shutdown.report(abandoned, stack.stop_clock)
