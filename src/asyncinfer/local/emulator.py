@@ -24,6 +24,7 @@ the shape this relies on (a module-level ``copy`` and a ``Table`` class), the pa
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
 import signal
@@ -141,24 +142,33 @@ def start_emulator(
     The emulator holds a lifeline to this process (:mod:`asyncinfer.local.lifeline`): if this
     process dies without stopping it, the emulator ends within about a second (through the
     parent-death signal too when started from the main thread, whose end is the process's)."""
-    main_thread = threading.current_thread() is threading.main_thread()
+    hold = ["--lifeline-pid", str(os.getpid())]
+    if threading.current_thread() is threading.main_thread():
+        hold.append("--lifeline-pdeathsig")
+    args = [*hold, "-H", "127.0.0.1", "-p", str(port)]
     return subprocess.Popen(
-        [sys.executable, "-m", "asyncinfer.local.emulator", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, "-m", "asyncinfer.local.emulator", *args],
         stdout=subprocess.DEVNULL,
         stderr=stderr,
         start_new_session=True,
-        env={**os.environ, **lifeline.lifeline_env(pdeathsig=main_thread)},
     )
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Hold the lifeline to whoever started this emulator (SIGTERM ends it), patch moto
-    (:func:`patch_dynamodb`), then run ``moto.server.main`` with ``argv``."""
-    lifeline.hold(sig=signal.SIGTERM, grace=1.0)
+    """Hold a lifeline to ``--lifeline-pid PID`` if given (SIGTERM ends the emulator when that
+    process is gone; ``--lifeline-pdeathsig``: the parent-death signal too), patch moto
+    (:func:`patch_dynamodb`), then run ``moto.server.main`` with the other arguments."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--lifeline-pid", type=int, default=None)
+    parser.add_argument("--lifeline-pdeathsig", action="store_true")
+    ours, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    lifeline.hold(
+        ours.lifeline_pid, sig=signal.SIGTERM, grace=1.0, pdeathsig=ours.lifeline_pdeathsig
+    )
     from moto import server
 
     patch_dynamodb()
-    server.main(argv)
+    server.main(rest)
 
 
 if __name__ == "__main__":

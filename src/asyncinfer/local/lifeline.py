@@ -35,11 +35,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-#: The environment variable through which the stack gives its children its pid.
-PID_ENV = "ASYNCINFER_LIFELINE_PID"
-#: Set to ``1`` by a parent whose starting thread lives as long as it does (the parent-death
-#: signal is sent when the *thread* that started the child exits, not the process).
-PDEATHSIG_ENV = "ASYNCINFER_LIFELINE_PDEATHSIG"
 #: How often a process's existence is polled where no pidfd is available, seconds.
 POLL_SECONDS = 0.25
 #: The exit status of a process that ended because its lifeline broke.
@@ -136,44 +131,33 @@ def _break(sig: int, grace: float) -> None:
 
 
 def hold(
-    pid: int | None = None,
+    pid: int | None,
     *,
     sig: int = signal.SIGTERM,
     grace: float = 2.0,
-    pdeathsig: bool | None = None,
+    pdeathsig: bool = False,
 ) -> bool:
     """Stop this process when process ``pid`` is gone (see the module docstring).
 
     Args:
-        pid: the process to outlive by no more than ``grace`` seconds; default
-            ``$ASYNCINFER_LIFELINE_PID`` (nothing is held when neither is given).
+        pid: the process to outlive by no more than ``grace`` seconds (``None``: nothing is
+            held).
         sig: what this process sends itself first (SIGTERM: drain and exit; SIGKILL: at once).
         grace: seconds after ``sig`` before ``os._exit(EXIT_ORPHANED)``.
         pdeathsig: also set the parent-death signal (only correct when ``pid`` is the parent
-            and the thread that started this process lives as long as it); default
-            ``$ASYNCINFER_LIFELINE_PDEATHSIG == "1"``.
+            and the thread that started this process lives as long as it: the signal follows
+            the starting *thread*).
 
     Returns:
         Whether a lifeline is held. If ``pid`` is already gone, the lifeline breaks at once.
     """
-    if pid is None:
-        raw = os.environ.get(PID_ENV, "")
-        if not raw.isdigit():
-            return False
-        pid = int(raw)
-    if pdeathsig is None:
-        pdeathsig = os.environ.get(PDEATHSIG_ENV) == "1"
+    if pid is None or pid <= 0:
+        return False
     if pdeathsig and pid == os.getppid():
         set_parent_death_signal(sig)
     # Checked after the prctl: a parent that died before it would never send the signal.
     watch(pid, lambda: _break(sig, grace))
     return True
-
-
-def lifeline_env(*, pdeathsig: bool = False) -> dict[str, str]:
-    """The environment variables that make a child started now by this process :func:`hold`
-    a lifeline to it (``pdeathsig``: the starting thread lives as long as this process)."""
-    return {PID_ENV: str(os.getpid()), PDEATHSIG_ENV: "1" if pdeathsig else "0"}
 
 
 def main(argv: list[str] | None = None) -> None:

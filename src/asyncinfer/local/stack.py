@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from asyncinfer import clients, logs
-from asyncinfer.local import lifeline, shutdown
+from asyncinfer.local import shutdown
 from asyncinfer.local.autoscaler import LocalAutoscaler, sqs_queue_counts
 from asyncinfer.local.emulator import start_emulator
 from asyncinfer.local.gateway import LocalGateway
@@ -134,8 +134,6 @@ class LocalStack:
         opts.state_dir.mkdir(parents=True, exist_ok=True)
         for note in check_state_dir(opts.state_dir, opts.port):
             print(f"asyncinfer local: {note}", file=sys.stderr, flush=True)
-        # Every child of this process (and its children's children) may hold a lifeline to it.
-        os.environ.update(lifeline.lifeline_env())
         moto_port = free_port()
         endpoint = f"http://127.0.0.1:{moto_port}"
         self.moto = start_emulator(moto_port, stderr=(opts.state_dir / "moto.log").open("wb"))
