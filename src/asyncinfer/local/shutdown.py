@@ -7,8 +7,8 @@ The budget, counted from the signal (or the start of the stop), in seconds:
 * Lambda invocations in progress (an API request, a long poll ``?wait=``, a webhook delivery to a
   receiver that answers one byte a second) get :data:`LAMBDA_STOP_SECONDS`; then their processes
   are killed and the invocations *abandoned*.
-* Workers get SIGTERM at once and until :data:`WORKER_STOP_SECONDS` to release their jobs and
-  exit; one still running then is killed (SIGKILL) and counted as abandoned.
+* Workers get SIGTERM at once and until the stack's ``WORKER_STOP_SECONDS`` (9) to release
+  their jobs and exit; one still running then is killed (SIGKILL) and counted as abandoned.
 * The emulator gets SIGTERM, then SIGKILL after :data:`EMULATOR_STOP_SECONDS` (moto server
   waits for its requests' threads, long polls included; its state is forgotten anyway, so this
   abandons nothing).
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -31,8 +32,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from asyncinfer.local.warm import WorkerProcess
+
+if TYPE_CHECKING:
+    from asyncinfer.local.stack import LocalStack
 
 log = logging.getLogger("asyncinfer.local")
 
@@ -40,8 +45,6 @@ log = logging.getLogger("asyncinfer.local")
 STOP_SECONDS = 15.0
 #: When in-flight Lambda invocations are abandoned.
 LAMBDA_STOP_SECONDS = 5.0
-#: When workers still running after SIGTERM are killed.
-WORKER_STOP_SECONDS = 9.0
 #: Seconds the emulator gets between SIGTERM and SIGKILL.
 EMULATOR_STOP_SECONDS = 1.0
 #: When the watchdog ends the process whatever is left.
@@ -90,9 +93,7 @@ class StopClock:
         return True
 
 
-def stop_workers(
-    procs: Iterable[WorkerProcess], clock: StopClock, at: float = WORKER_STOP_SECONDS
-) -> list[str]:
+def stop_workers(procs: Iterable[WorkerProcess], clock: StopClock, at: float) -> list[str]:
     """SIGTERM each of ``procs`` now; SIGKILL those still running ``at`` seconds into the stop
     and wait up to 1 s more for them. Returns what was abandoned (killed, or not even gone after
     SIGKILL), one description each."""
@@ -132,6 +133,65 @@ def stop_process(proc: subprocess.Popen[bytes], name: str, seconds: float) -> bo
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=1.0)
     return True
+
+
+def stop_stack(stack: LocalStack, clock: StopClock, *, worker_seconds: float) -> list[str]:
+    """Stop ``stack`` against ``clock`` (the module docstring's budget; workers are killed
+    ``worker_seconds`` into the stop): the gateway stops accepting, the pumps stop pumping
+    (``stack.stop_event``), workers get SIGTERM, Lambda invocations in progress get
+    :data:`LAMBDA_STOP_SECONDS`, then the fork server and the emulator go, and ``local.json``
+    if it is the stack's. Returns what had to be abandoned."""
+    stack.stop_event.set()
+    if stack.moto is None:  # refused to start (or never started): nothing to stop
+        return []
+    log.info("stopping")
+    abandoned: list[str] = []
+    if stack.gateway:
+        stack.gateway.stop()  # no new request; those in progress end with the pool
+    procs: list[WorkerProcess] = []
+    if stack.autoscaler is not None:
+        stack.autoscaler.stop(timeout=clock.left(2.0))  # no worker starts after this
+        procs = stack.autoscaler.processes()
+    workers = threading.Thread(
+        target=lambda: abandoned.extend(stop_workers(procs, clock, worker_seconds)),
+        name="stop-workers",
+        daemon=True,
+    )
+    workers.start()
+    if stack.pool:
+        abandoned.extend(stack.pool.close(timeout=clock.left(LAMBDA_STOP_SECONDS)))
+    workers.join(clock.left(worker_seconds + 1.5))
+    if workers.is_alive():
+        abandoned.append("stopping the workers (still waiting for them)")
+    if stack.resources is not None:
+        stack.print_last_events(min(1.5, clock.left(worker_seconds + 2.0)))
+    if stack.warm is not None:
+        stack.warm.stop()  # a spawn still waiting for it fails instead of forking late
+    stop_process(stack.moto, "emulator", EMULATOR_STOP_SECONDS)
+    # The emulator's state is gone: so is what local.json pointed at (if this stack wrote it:
+    # a stack that refused to start leaves another's alone).
+    if stack.owns_local_json:
+        (stack.opts.state_dir / "local.json").unlink(missing_ok=True)
+    log.info("stopped in %.1f s", clock.elapsed())
+    return abandoned
+
+
+def children(stack: LocalStack) -> list[int]:
+    """The pids of every process ``stack`` started that may still run: the emulator, the fork
+    server, workers, the Lambda pool's processes."""
+    pids = [stack.moto.pid if stack.moto else None, stack.fork_server_pid()]
+    if stack.autoscaler is not None:
+        pids += [p.pid for p in stack.autoscaler.processes()]
+    pids += [process.pid for process in multiprocessing.active_children()]
+    return [pid for pid in pids if pid]
+
+
+def kill_children(stack: LocalStack) -> None:
+    """SIGKILL every process of :func:`children` (the watchdog's last resort: no order, no
+    waiting)."""
+    for pid in children(stack):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def report(abandoned: list[str], clock: StopClock) -> int:
@@ -177,3 +237,11 @@ class Watchdog:
         with contextlib.suppress(Exception):
             self._kill_children()
         os._exit(EXIT_ABANDONED)
+
+
+def start_watchdog(stack: LocalStack, seconds: float = WATCHDOG_SECONDS) -> Watchdog:
+    """Start a :class:`Watchdog` that kills ``stack``'s children and ends this process in
+    ``seconds``; returns it."""
+    dog = Watchdog(seconds, lambda: kill_children(stack))
+    dog.start()
+    return dog

@@ -15,10 +15,8 @@ Emulator state is in memory: stopping the stack forgets every job.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import multiprocessing
 import os
 import secrets
 import signal
@@ -37,20 +35,25 @@ from asyncinfer import clients, logs
 from asyncinfer.local import shutdown
 from asyncinfer.local.autoscaler import LocalAutoscaler, sqs_queue_counts
 from asyncinfer.local.emulator import start_emulator
+from asyncinfer.local.event_source import pump_once
 from asyncinfer.local.gateway import LocalGateway
 from asyncinfer.local.lambda_runtime import LambdaPool
-from asyncinfer.local.pumps import Pumps
 from asyncinfer.local.resources import Resources, create_resources
 from asyncinfer.local.stale import StateDirInUse, check_state_dir, process_record
 from asyncinfer.local.warm import WarmStarter, WorkerProcess, forkserver_available
 from asyncinfer.models.registry import MODELS
 from asyncinfer.scaling.policy import ScalingConfig
 from asyncinfer.settings import Settings
+from asyncinfer.sweeper import expire_due
 
 log = logging.getLogger("asyncinfer.local")
 
-#: Seconds into the stop when workers still running after SIGTERM are killed.
-WORKER_STOP_SECONDS = shutdown.WORKER_STOP_SECONDS
+DLQ_HANDLER = "asyncinfer.dlq:lambda_handler"
+WEBHOOK_HANDLER = "asyncinfer.webhooks.dispatcher:lambda_handler"
+#: How often the expiry sweeper runs on the local stack, seconds.
+SWEEP_SECONDS = 5.0
+#: Seconds a worker gets between SIGTERM and SIGKILL when the stack stops.
+WORKER_STOP_SECONDS = 9.0
 
 
 @dataclass(kw_only=True)
@@ -108,7 +111,8 @@ class LocalStack:
         self.stop_event = threading.Event()
         #: Set by a second signal: the stop cuts its remaining waits short.
         self.hurry = threading.Event()
-        self._wrote_local_json = False
+        #: Whether ``local.json`` is this stack's (written by it): only then does stop remove it.
+        self.owns_local_json = False
         #: The clock of the stop in progress or done (:meth:`stop`).
         self.stop_clock = shutdown.StopClock(self.hurry)
         #: ``time.monotonic()`` of the first SIGINT/SIGTERM: the stop's budget counts from it.
@@ -119,7 +123,6 @@ class LocalStack:
         self.pool: LambdaPool | None = None
         self.gateway: LocalGateway | None = None
         self.resources: Resources | None = None
-        self.pumps: Pumps | None = None
         self.env: dict[str, str] = {}
         self.api_key, self.api_key_id = _new_key()
         self.extra = {name: _new_key() for name in opts.extra_keys}
@@ -192,8 +195,10 @@ class LocalStack:
             interval=opts.scale_interval,
         )
         self.autoscaler.start()
-        self.pumps = Pumps(self.settings, self.resources, self.pool, self.stop_event)
-        self.pumps.start()
+        threading.Thread(target=self._event_log_loop, name="events", daemon=True).start()
+        threading.Thread(target=self._dlq_loop, name="dlq", daemon=True).start()
+        threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True).start()
+        threading.Thread(target=self._webhook_loop, name="webhooks", daemon=True).start()
 
         doc = {
             "api_url": self.gateway.url,
@@ -216,14 +221,14 @@ class LocalStack:
             "stack": process_record(os.getpid()),
             "processes": {
                 "emulator": process_record(self.moto.pid),
-                **({"fork_server": process_record(pid)} if (pid := self._fork_server()) else {}),
+                **({"fork_server": process_record(pid)} if (pid := self.fork_server_pid()) else {}),
             },
         }
         path = opts.state_dir / "local.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=2))
         os.replace(tmp, path)
-        self._wrote_local_json = True
+        self.owns_local_json = True
         if not wait_http(self.gateway.url + "/v1/health", 60, stop=self.stop_event):
             return doc
         if self.warm is not None:
@@ -231,7 +236,8 @@ class LocalStack:
             self.warm.wait_ready(stop=self.stop_event)
         return doc
 
-    def _fork_server(self) -> int | None:
+    def fork_server_pid(self) -> int | None:
+        """The warm workers' fork server's pid, if there is one."""
         return self.warm.server_pid() if self.warm is not None else None
 
     def _spawn_worker(self, model: str, busy_file: Path) -> WorkerProcess:
@@ -260,6 +266,84 @@ class LocalStack:
         log.info("worker started: model=%s pid=%s warm=%s", model, proc.pid, self.warm is not None)
         return proc
 
+    # ------------------------------------------------------------------ background loops
+    def _event_log_loop(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self._print_events(wait=1)
+            except Exception:
+                if self.stop_event.is_set():
+                    return
+                time.sleep(1)
+
+    def _print_events(self, wait: int) -> int:
+        """Print one line per job event waiting in the event-log queue; returns how many."""
+        assert self.resources is not None
+        sqs = clients.client("sqs", self.settings)
+        url = self.resources.event_log_queue
+        resp = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=wait)
+        msgs = resp.get("Messages", [])
+        for m in msgs:
+            try:
+                event = json.loads(m["Body"])
+                job = event["data"]
+                extra = f" error={job['error'].get('code')}" if job.get("error") else ""
+                print(
+                    f"{event['timestamp']} {event['type']:<14} {job['id']} "
+                    f"model={job['model']} attempts={job['attempts']}{extra}",
+                    flush=True,
+                )
+            except (ValueError, KeyError, TypeError, AttributeError):
+                log.warning("unreadable event: %.200s", m.get("Body"))
+        if msgs:
+            sqs.delete_message_batch(
+                QueueUrl=url,
+                Entries=[
+                    {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(msgs)
+                ],
+            )
+        return len(msgs)
+
+    def _sweep_loop(self) -> None:
+        """The expiry sweeper, every few seconds (a scheduled Lambda in AWS)."""
+        while not self.stop_event.wait(SWEEP_SECONDS):
+            try:
+                expire_due(self.settings)
+            except Exception:
+                log.exception("expiry sweep failed")
+
+    def _dlq_loop(self) -> None:
+        """Feed each dead-letter queue's messages to the DLQ Lambda handler as SQS events."""
+        assert self.resources is not None and self.pool is not None
+        sqs = clients.client("sqs", self.settings)
+        pool = self.pool
+        while not self.stop_event.is_set():
+            for url in self.resources.dlqs.values():
+                if self.stop_event.is_set():
+                    return
+                try:
+                    pump_once(sqs, url, lambda ev: pool.invoke(DLQ_HANDLER, ev, "dlq"))
+                except Exception:
+                    if self.stop_event.is_set():
+                        return
+                    log.exception("DLQ handler failed")
+                    time.sleep(1)
+
+    def _webhook_loop(self) -> None:
+        """Feed the webhook queue's messages to the webhook dispatcher Lambda handler as SQS
+        events, as the event source mapping does in AWS (see asyncinfer.local.event_source)."""
+        assert self.resources is not None and self.pool is not None
+        pool, url = self.pool, self.resources.webhook_queue
+        sqs = clients.client("sqs", self.settings)
+        while not self.stop_event.is_set():
+            try:
+                pump_once(sqs, url, lambda ev: pool.invoke(WEBHOOK_HANDLER, ev, "webhooks"))
+            except Exception:
+                if self.stop_event.is_set():
+                    return
+                log.exception("webhook dispatcher failed")
+                time.sleep(1)
+
     # ------------------------------------------------------------------ stop
     def install_signal_handlers(self, *, watchdog: bool = False) -> None:
         """SIGINT and SIGTERM set :attr:`stop_event` (main thread only); a second one sets
@@ -276,7 +360,7 @@ class LocalStack:
             self.signalled_at = time.monotonic()
             self.stop_event.set()
             if watchdog:
-                shutdown.Watchdog(shutdown.WATCHDOG_SECONDS, self.kill_children).start()
+                shutdown.start_watchdog(self)
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
@@ -286,73 +370,27 @@ class LocalStack:
         self.stop_event.wait()
 
     def stop(self) -> list[str]:
-        """Stop everything within :data:`~asyncinfer.local.shutdown.STOP_SECONDS` (the budget
-        is in :mod:`asyncinfer.local.shutdown`): the gateway stops accepting, the pumps stop
-        pumping, workers get SIGTERM (SIGKILL at 9 s), Lambda invocations in progress get 5 s,
-        then the fork server and the emulator go. Returns what had to be abandoned (empty when
-        everything finished in time)."""
+        """Stop everything within :data:`~asyncinfer.local.shutdown.STOP_SECONDS` of the first
+        signal (:func:`asyncinfer.local.shutdown.stop_stack` has the order and the budget).
+        Returns what had to be abandoned (empty when everything finished in time)."""
         self.stop_event.set()
-        clock = self.stop_clock = shutdown.StopClock(self.hurry, started=self.signalled_at)
-        if self.moto is None:  # refused to start (or never started): nothing to stop
-            return []
-        log.info("stopping")
-        abandoned: list[str] = []
-        if self.gateway:
-            self.gateway.stop()  # no new request; those in progress end with the pool
-        procs: list[WorkerProcess] = []
-        if self.autoscaler is not None:
-            self.autoscaler.stop(timeout=clock.left(2.0))  # no worker starts after this
-            procs = self.autoscaler.processes()
-        workers = threading.Thread(
-            target=lambda: abandoned.extend(shutdown.stop_workers(procs, clock)),
-            name="stop-workers",
-            daemon=True,
-        )
-        workers.start()
-        if self.pool:
-            abandoned.extend(self.pool.close(timeout=clock.left(shutdown.LAMBDA_STOP_SECONDS)))
-        workers.join(clock.left(shutdown.WORKER_STOP_SECONDS + 1.5))
-        if workers.is_alive():
-            abandoned.append("stopping the workers (still waiting for them)")
-        if self.pumps is not None and clock.left(shutdown.WORKER_STOP_SECONDS + 1.5) > 0:
-            self._print_last_events(self.pumps, clock)
-        if self.warm is not None:
-            self.warm.stop()  # a spawn still waiting for it fails instead of forking late
-        if self.moto is not None:
-            shutdown.stop_process(self.moto, "emulator", shutdown.EMULATOR_STOP_SECONDS)
-        # The emulator's state is gone: so is what local.json pointed at (if this stack wrote it:
-        # a stack that refused to start leaves another's alone).
-        if self._wrote_local_json:
-            (self.opts.state_dir / "local.json").unlink(missing_ok=True)
-        log.info("stopped in %.1f s", clock.elapsed())
-        return abandoned
+        self.stop_clock = shutdown.StopClock(self.hurry, started=self.signalled_at)
+        return shutdown.stop_stack(self, self.stop_clock, worker_seconds=WORKER_STOP_SECONDS)
 
-    def _print_last_events(self, pumps: Pumps, clock: shutdown.StopClock) -> None:
-        """The workers' last events (jobs released back to queued), for at most 1.5 s."""
+    def print_last_events(self, seconds: float) -> None:
+        """Print the events still in the event-log queue (the workers' last: jobs released back
+        to queued), for at most ``seconds``."""
 
         def drain() -> None:
             try:
-                while pumps.print_events(wait=0) and not self.hurry.is_set():
+                while self._print_events(wait=0) and not self.hurry.is_set():
                     pass
             except Exception:
                 log.warning("could not read the last events")
 
         reader = threading.Thread(target=drain, name="last-events", daemon=True)
         reader.start()
-        reader.join(min(1.5, clock.left(shutdown.WORKER_STOP_SECONDS + 2.0)))
-
-    def kill_children(self) -> None:
-        """SIGKILL every process this stack started that may still run (the watchdog's last
-        resort: no order, no waiting)."""
-        pids: list[int | None] = [self.moto.pid if self.moto else None, self._fork_server()]
-        if self.autoscaler is not None:
-            pids += [p.pid for p in self.autoscaler.processes()]
-        for process in multiprocessing.active_children():
-            pids.append(process.pid)
-        for pid in pids:
-            if pid:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
+        reader.join(seconds)
 
 
 def wait_http(url: str, timeout: float, *, stop: threading.Event | None = None) -> bool:
@@ -390,6 +428,6 @@ def run_local(opts: LocalOptions) -> int:
             stack.wait()
     finally:
         if stack.signalled_at is None:  # stopping for another reason (start failed)
-            shutdown.Watchdog(shutdown.WATCHDOG_SECONDS, stack.kill_children).start()
+            shutdown.start_watchdog(stack)
         abandoned = stack.stop()
     return shutdown.report(abandoned, stack.stop_clock)
