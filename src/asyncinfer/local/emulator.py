@@ -155,21 +155,26 @@ def start_emulator(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Hold a lifeline to ``--lifeline-pid PID`` if given (SIGTERM ends the emulator when that
-    process is gone; ``--lifeline-pdeathsig``: the parent-death signal too), patch moto
-    (:func:`patch_dynamodb`), then run ``moto.server.main`` with the other arguments."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--lifeline-pid", type=int, default=None)
-    parser.add_argument("--lifeline-pdeathsig", action="store_true")
-    ours, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    lifeline.hold(
-        ours.lifeline_pid, sig=signal.SIGTERM, grace=1.0, pdeathsig=ours.lifeline_pdeathsig
-    )
+    """Patch moto (:func:`patch_dynamodb`), then run ``moto.server.main`` with ``argv``."""
     from moto import server
 
     patch_dynamodb()
-    server.main(rest)
+    server.main(argv)
+
+
+def hold_lifeline(argv: list[str]) -> list[str]:
+    """Hold a lifeline to ``--lifeline-pid PID`` if ``argv`` has it (SIGTERM ends the emulator
+    once that process is gone; ``--lifeline-pdeathsig``: the parent-death signal too, see
+    :mod:`asyncinfer.local.lifeline`); returns the other arguments, for moto server."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--lifeline-pid", type=int, default=None)
+    parser.add_argument("--lifeline-pdeathsig", action="store_true")
+    ours, rest = parser.parse_known_args(argv)
+    lifeline.hold(
+        ours.lifeline_pid, sig=signal.SIGTERM, grace=1.0, pdeathsig=ours.lifeline_pdeathsig
+    )
+    return rest
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(hold_lifeline(sys.argv[1:]))
