@@ -120,11 +120,13 @@ class LocalAutoscaler:
                     log.exception("autoscaler tick failed for %s", model)
             self.stop_event.wait(self.interval)
 
-    def stop(self) -> None:
-        """Stop deciding (no worker is started after this returns); workers keep running."""
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop deciding; workers keep running. Waits up to ``timeout`` seconds for the tick in
+        progress: no worker is started after this returns, except by a spawn still blocked
+        then, whose worker is sent SIGTERM as soon as it starts (see ``_start_worker``)."""
         self.stop_event.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=timeout)
 
     def processes(self) -> list[WorkerProcess]:
         """Every worker process started and not yet reaped (running and draining)."""

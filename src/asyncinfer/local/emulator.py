@@ -25,11 +25,16 @@ the shape this relies on (a module-level ``copy`` and a ``Table`` class), the pa
 
 from __future__ import annotations
 
+import argparse
 import copy
+import os
+import signal
 import subprocess
 import sys
 import threading
 from typing import IO, Any
+
+from asyncinfer.local import lifeline
 
 _local = threading.local()
 
@@ -166,9 +171,17 @@ def start_emulator(
     port: int, *, stderr: IO[bytes] | int = subprocess.DEVNULL
 ) -> subprocess.Popen[bytes]:
     """Start the emulator on ``127.0.0.1:port`` in a new session (Ctrl-C reaches whoever owns it,
-    which stops it in order). Returns at once; the caller waits for it to answer."""
+    which stops it in order). Returns at once; the caller waits for it to answer.
+
+    The emulator holds a lifeline to this process (:mod:`asyncinfer.local.lifeline`): if this
+    process dies without stopping it, the emulator ends within about a second (through the
+    parent-death signal too when started from the main thread, whose end is the process's)."""
+    hold = ["--lifeline-pid", str(os.getpid())]
+    if threading.current_thread() is threading.main_thread():
+        hold.append("--lifeline-pdeathsig")
+    args = [*hold, "-H", "127.0.0.1", "-p", str(port)]
     return subprocess.Popen(
-        [sys.executable, "-m", "asyncinfer.local.emulator", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, "-m", "asyncinfer.local.emulator", *args],
         stdout=subprocess.DEVNULL,
         stderr=stderr,
         start_new_session=True,
@@ -185,5 +198,19 @@ def main(argv: list[str] | None = None) -> None:
     server.main(argv)
 
 
+def hold_lifeline(argv: list[str]) -> list[str]:
+    """Hold a lifeline to ``--lifeline-pid PID`` if ``argv`` has it (SIGTERM ends the emulator
+    once that process is gone; ``--lifeline-pdeathsig``: the parent-death signal too, see
+    :mod:`asyncinfer.local.lifeline`); returns the other arguments, for moto server."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--lifeline-pid", type=int, default=None)
+    parser.add_argument("--lifeline-pdeathsig", action="store_true")
+    ours, rest = parser.parse_known_args(argv)
+    lifeline.hold(
+        ours.lifeline_pid, sig=signal.SIGTERM, grace=1.0, pdeathsig=ours.lifeline_pdeathsig
+    )
+    return rest
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(hold_lifeline(sys.argv[1:]))

@@ -262,6 +262,9 @@ class LocalGateway:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop serving."""
-        self.server.shutdown()
+        """Stop accepting connections (within the server's 0.5 s poll) and close the listening
+        socket. Requests in progress go on in their daemon threads; their Lambda invocations end
+        with the pool (:meth:`LambdaPool.close`), and an abandoned one is answered 502."""
+        if self._thread.is_alive():  # shutdown() waits for serve_forever, which must be running
+            self.server.shutdown()
         self.server.server_close()

@@ -5,7 +5,10 @@ table, bucket and topic as the CDK app does, serves the API through :mod:`.gatew
 Lambda handler, fed API Gateway proxy events), runs worker processes per model, feeds the DLQ
 handler with the SQS events its Lambda would get, and prints one line per job event (read from an
 SQS queue subscribed to the topic, as a user's subscription would). SIGINT or SIGTERM stops every
-process it started within 15 s; workers release their jobs first.
+process it started within 15 s; workers release their jobs first (:mod:`.shutdown`: what cannot
+finish in time is abandoned, and the stack says what and exits non-zero). Its children stop on
+their own if the stack dies (:mod:`.lifeline`), and a new stack notices a stale one on its state
+directory (:mod:`.stale`).
 
 Emulator state is in memory: stopping the stack forgets every job.
 """
@@ -29,12 +32,14 @@ from typing import Any
 import httpx
 
 from asyncinfer import clients, logs
+from asyncinfer.local import shutdown
 from asyncinfer.local.autoscaler import LocalAutoscaler, sqs_queue_counts
 from asyncinfer.local.emulator import start_emulator
 from asyncinfer.local.event_source import pump_once
 from asyncinfer.local.gateway import LocalGateway
 from asyncinfer.local.lambda_runtime import LambdaPool
 from asyncinfer.local.resources import Resources, create_resources
+from asyncinfer.local.stale import StateDirInUse, check_state_dir, process_record
 from asyncinfer.local.warm import WarmStarter, WorkerProcess, forkserver_available
 from asyncinfer.models.registry import MODELS
 from asyncinfer.scaling.policy import ScalingConfig
@@ -102,6 +107,14 @@ class LocalStack:
             raise SystemExit(f"unknown model(s) {unknown}; known: {sorted(MODELS)}")
         self.opts = opts
         self.stop_event = threading.Event()
+        #: Set by a second signal: the stop cuts its remaining waits short.
+        self.hurry = threading.Event()
+        #: Whether ``local.json`` is this stack's (written by it): only then does stop remove it.
+        self.owns_local_json = False
+        #: The clock of the stop in progress or done (:meth:`stop`).
+        self.stop_clock = shutdown.StopClock(self.hurry)
+        #: ``time.monotonic()`` of the first SIGINT/SIGTERM: the stop's budget counts from it.
+        self.signalled_at: float | None = None
         self.autoscaler: LocalAutoscaler | None = None
         self.warm: WarmStarter | None = None
         self.moto: subprocess.Popen[bytes] | None = None
@@ -114,16 +127,22 @@ class LocalStack:
 
     # ------------------------------------------------------------------ start
     def start(self) -> dict[str, Any]:
-        """Start everything; returns the ``local.json`` document."""
+        """Start everything; returns the ``local.json`` document (``{}`` if a signal came
+        first). Raises :class:`~asyncinfer.local.stale.StateDirInUse` (a ``SystemExit``) before
+        starting anything when another stack runs on the state directory or the port is taken;
+        a stale ``local.json`` is reported on stderr and replaced."""
         opts = self.opts
         opts.state_dir.mkdir(parents=True, exist_ok=True)
+        for note in check_state_dir(opts.state_dir, opts.port):
+            print(f"asyncinfer local: {note}", file=sys.stderr, flush=True)
         moto_port = free_port()
         endpoint = f"http://127.0.0.1:{moto_port}"
         self.moto = start_emulator(moto_port, stderr=(opts.state_dir / "moto.log").open("wb"))
         if opts.warm_workers and forkserver_available():
             self.warm = WarmStarter()
             self.warm.start()  # imports torch and transformers while the rest starts
-        wait_http(endpoint + "/moto-api/", 30)
+        if not wait_http(endpoint + "/moto-api/", 30, stop=self.stop_event):
+            return {}
         base_env = {
             "AWS_ENDPOINT_URL": endpoint,
             "AWS_REGION": "us-east-1",
@@ -150,7 +169,10 @@ class LocalStack:
 
         self.pool = LambdaPool(self.env, size=8)
         keys = {self.api_key: self.api_key_id, **{v: i for v, i in self.extra.values()}}
-        self.gateway = LocalGateway(self.pool, keys, opts.port)
+        try:
+            self.gateway = LocalGateway(self.pool, keys, opts.port)
+        except OSError as exc:  # taken since check_state_dir looked
+            raise StateDirInUse(f"cannot listen on 127.0.0.1:{opts.port}: {exc}") from None
         self.gateway.start()
 
         # Workers: none at start; the autoscaler runs the scaling policy (and replaces dead ones).
@@ -193,16 +215,28 @@ class LocalStack:
             "extra_key_ids": {name: key_id for name, (_v, key_id) in self.extra.items()},
             "models": opts.models,
             "pid": os.getpid(),
+            # What a later stack on this state directory checks (asyncinfer.local.stale).
+            "stack": process_record(os.getpid()),
+            "processes": {
+                "emulator": process_record(self.moto.pid),
+                **({"fork_server": process_record(pid)} if (pid := self.fork_server_pid()) else {}),
+            },
         }
         path = opts.state_dir / "local.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=2))
         os.replace(tmp, path)
-        wait_http(self.gateway.url + "/v1/health", 60)
+        self.owns_local_json = True
+        if not wait_http(self.gateway.url + "/v1/health", 60, stop=self.stop_event):
+            return doc
         if self.warm is not None:
             # "ready" means a job's worker starts in about a second: the imports are done.
             self.warm.wait_ready(stop=self.stop_event)
         return doc
+
+    def fork_server_pid(self) -> int | None:
+        """The warm workers' fork server's pid, if there is one."""
+        return self.warm.server_pid() if self.warm is not None else None
 
     def _spawn_worker(self, model: str, busy_file: Path) -> WorkerProcess:
         batch = self.opts.worker_max_batch_size
@@ -216,10 +250,14 @@ class LocalStack:
         }
         proc: WorkerProcess
         if self.warm is not None:
-            proc = self.warm.spawn(argv, env)
+            proc = self.warm.spawn(argv, env)  # holds a lifeline to this process
         else:
+            # ``python -m asyncinfer.worker`` holding a lifeline to the stack: it is started by
+            # the autoscaler's thread, so the parent-death signal (which follows threads) cannot
+            # serve.
+            lifeline_argv = ["-m", "asyncinfer.local.lifeline", "--pid", str(os.getpid())]
             proc = subprocess.Popen(
-                [sys.executable, "-m", "asyncinfer.worker", *argv],
+                [sys.executable, *lifeline_argv, "asyncinfer.worker", *argv],
                 env=env,
                 start_new_session=True,  # Ctrl-C reaches the stack, which stops workers in order
             )
@@ -281,6 +319,8 @@ class LocalStack:
         pool = self.pool
         while not self.stop_event.is_set():
             for url in self.resources.dlqs.values():
+                if self.stop_event.is_set():
+                    return
                 try:
                     pump_once(sqs, url, lambda ev: pool.invoke(DLQ_HANDLER, ev, "dlq"))
                 except Exception:
@@ -305,66 +345,64 @@ class LocalStack:
                 time.sleep(1)
 
     # ------------------------------------------------------------------ stop
-    def install_signal_handlers(self) -> None:
-        """SIGINT and SIGTERM set :attr:`stop_event` (main thread only). Installed before
-        :meth:`start`, so that a signal while the stack starts still ends in :meth:`stop`
-        instead of leaving the emulator and the fork server behind."""
-        signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
-        signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
+    def install_signal_handlers(self, *, watchdog: bool = False) -> None:
+        """SIGINT and SIGTERM set :attr:`stop_event` (main thread only); a second one sets
+        :attr:`hurry` (the stop cuts its waits short). Installed before :meth:`start`, so that a
+        signal while the stack starts still ends in :meth:`stop` instead of leaving the emulator
+        and the fork server behind. The stop's clock starts at the first signal; with
+        ``watchdog``, so does a :class:`~asyncinfer.local.shutdown.Watchdog` that ends this
+        process (children first) whatever :meth:`start` or :meth:`stop` is then blocked in."""
+
+        def on_signal(*_: Any) -> None:
+            if self.stop_event.is_set():
+                self.hurry.set()
+                return
+            self.signalled_at = time.monotonic()
+            self.stop_event.set()
+            if watchdog:
+                shutdown.start_watchdog(self)
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
 
     def wait(self) -> None:
         """Block until SIGINT or SIGTERM (or :attr:`stop_event` set otherwise)."""
         self.stop_event.wait()
 
-    def stop(self) -> None:
-        """Stop workers (SIGTERM, then SIGKILL after 10 s), the gateway, the pool, the emulator."""
+    def stop(self) -> list[str]:
+        """Stop everything within :data:`~asyncinfer.local.shutdown.STOP_SECONDS` of the first
+        signal (:func:`asyncinfer.local.shutdown.stop_stack` has the order and the budget).
+        Returns what had to be abandoned (empty when everything finished in time)."""
         self.stop_event.set()
-        log.info("stopping")
-        procs: list[WorkerProcess] = []
-        if self.autoscaler is not None:
-            self.autoscaler.stop()  # no worker starts after this
-            procs = self.autoscaler.processes()
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + WORKER_STOP_SECONDS
-        for p in procs:
+        self.stop_clock = shutdown.StopClock(self.hurry, started=self.signalled_at)
+        return shutdown.stop_stack(self, self.stop_clock, worker_seconds=WORKER_STOP_SECONDS)
+
+    def print_last_events(self, seconds: float) -> None:
+        """Print the events still in the event-log queue (the workers' last: jobs released back
+        to queued), for at most ``seconds``."""
+
+        def drain() -> None:
             try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("worker %s did not stop; killing it", p.pid)
-                p.kill()
-                p.wait()
-        try:  # the workers' last events (jobs released back to queued)
-            while self.resources and self._print_events(wait=0):
-                pass
-        except Exception:
-            log.warning("could not read the last events")
-        if self.warm is not None:
-            self.warm.stop()  # a spawn still waiting for it fails instead of forking late
-        if self.gateway:
-            self.gateway.stop()
-        if self.pool:
-            self.pool.close()
-        if self.moto and self.moto.poll() is None:
-            self.moto.terminate()
-            try:
-                self.moto.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                self.moto.kill()
-        # The emulator's state is gone: so is what local.json pointed at.
-        (self.opts.state_dir / "local.json").unlink(missing_ok=True)
-        log.info("stopped")
+                while self._print_events(wait=0) and not self.hurry.is_set():
+                    pass
+            except Exception:
+                log.warning("could not read the last events")
+
+        reader = threading.Thread(target=drain, name="last-events", daemon=True)
+        reader.start()
+        reader.join(seconds)
 
 
-def wait_http(url: str, timeout: float) -> None:
-    """Return once ``url`` answers HTTP (any status); ``RuntimeError`` after ``timeout``
-    seconds."""
+def wait_http(url: str, timeout: float, *, stop: threading.Event | None = None) -> bool:
+    """Return ``True`` once ``url`` answers HTTP (any status), ``False`` as soon as ``stop`` is
+    set; ``RuntimeError`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
+        if stop is not None and stop.is_set():
+            return False
         try:
             httpx.get(url, timeout=2)
-            return
+            return True
         except httpx.HTTPError:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{url} did not answer within {timeout}s") from None
@@ -372,10 +410,15 @@ def wait_http(url: str, timeout: float) -> None:
 
 
 def run_local(opts: LocalOptions) -> int:
-    """Start the stack, print the ready line, serve until a signal, stop. Returns 0."""
+    """Start the stack, print the ready line, serve until a signal, stop. Returns 0, or
+    :data:`~asyncinfer.local.shutdown.EXIT_ABANDONED` when the stop had to abandon work (it
+    says what on stderr). A watchdog started with the first signal (or the stop) ends the
+    process, children included, should the start, the stop or the interpreter's exit hooks
+    overrun (never cancelled: it dies with the process)."""
     logs.setup("local")
     stack = LocalStack(opts)
-    stack.install_signal_handlers()
+    stack.install_signal_handlers(watchdog=True)
+    abandoned: list[str] = []
     try:
         doc = stack.start()
         if not stack.stop_event.is_set():  # a signal during start: straight to stop
@@ -384,5 +427,7 @@ def run_local(opts: LocalOptions) -> int:
             print(f"asyncinfer local: ready api={doc['api_url']} key={doc['api_key']}", flush=True)
             stack.wait()
     finally:
-        stack.stop()
-    return 0
+        if stack.signalled_at is None:  # stopping for another reason (start failed)
+            shutdown.start_watchdog(stack)
+        abandoned = stack.stop()
+    return shutdown.report(abandoned, stack.stop_clock)

@@ -29,8 +29,11 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Protocol
+
+from asyncinfer.local.lifeline import hold, process_exists
+
+__all__ = ["ForkedWorker", "WarmStarter", "WorkerProcess", "forkserver_available", "process_exists"]
 
 #: What the fork server imports once: every module a worker of the local stack's models would
 #: import before it loads a checkpoint (a name that does not import is skipped).
@@ -46,6 +49,10 @@ PRELOAD = [
     "asyncinfer.models.smollm2",
     "asyncinfer.models.minilm",
 ]
+
+
+#: Imported by the fork server before :data:`PRELOAD`: it then ends at once if this process dies.
+HOLD_MODULE = "asyncinfer.local.forkserver_hold"
 
 
 class WorkerProcess(Protocol):
@@ -126,35 +133,23 @@ class ForkedWorker:
 _STATUS_LOST = 255
 
 
-def process_exists(pid: int | None) -> bool:
-    """Whether process ``pid`` exists and is not a zombie (``/proc``; elsewhere
-    ``kill(pid, 0)``)."""
-    if pid is None:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
-
-
 #: What a forked worker runs: ``"module:function"``, called with the worker's argv; it returns
 #: the exit status.
 WORKER_ENTRY = "asyncinfer.worker.__main__:main"
 
 
-def _run_worker(entry: str, argv: list[str], env: dict[str, str]) -> None:
-    """The forked worker's body: its own session, line-buffered output, exactly ``env`` as its
-    environment, then ``entry(argv)``; the process exits with what it returns."""
+#: Seconds a forked worker gets to drain (it is sent SIGTERM) once the stack is gone, before it
+#: exits on its own (:func:`asyncinfer.local.lifeline.hold`).
+ORPHAN_GRACE_SECONDS = 2.0
+
+
+def _run_worker(entry: str, argv: list[str], env: dict[str, str], lifeline: int | None) -> None:
+    """The forked worker's body: its own session, a lifeline to process ``lifeline`` (the
+    stack: the worker stops on its own if the stack dies), line-buffered output, exactly
+    ``env`` as its environment, then ``entry(argv)``; the process exits with what it returns."""
     os.setsid()
+    if lifeline is not None:
+        hold(lifeline, sig=signal.SIGTERM, grace=ORPHAN_GRACE_SECONDS, pdeathsig=False)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
@@ -184,7 +179,8 @@ class WarmStarter:
     ``start()`` launches the fork server (it imports in the background: the first worker asked
     for meanwhile waits for those imports, no longer); ``spawn(argv, env)`` forks a worker that
     runs ``python -m asyncinfer.worker`` with the arguments ``argv`` and exactly the environment
-    ``env``. The fork server exits when the process that started it does.
+    ``env``. The fork server exits when the process that started it does (at once: it holds a
+    lifeline to it, :mod:`asyncinfer.local.forkserver_hold`).
 
     As with any ``multiprocessing`` program, the script that starts the stack must guard its
     entry with ``if __name__ == "__main__":`` (each fork imports it as ``__mp_main__``).
@@ -208,7 +204,8 @@ class WarmStarter:
         and a Ctrl-C during its imports would otherwise end it with a traceback (the stack stops
         on Ctrl-C by itself; the fork server exits when the stack does). Its forks restore the
         default SIGINT handler."""
-        self._ctx.set_forkserver_preload(self._preload)
+        # First a lifeline to this process (asyncinfer.local.forkserver_hold), then the imports.
+        self._ctx.set_forkserver_preload([HOLD_MODULE, *self._preload])
         if threading.current_thread() is not threading.main_thread():
             multiprocessing.forkserver.ensure_running()
             return
@@ -222,11 +219,16 @@ class WarmStarter:
         """Stop the fork server (SIGKILL), if this process started one: a spawn still waiting for
         it fails instead of forking a worker later. Workers already forked go on; their exit
         status is then read from ``/proc`` (see :class:`ForkedWorker`)."""
-        server = multiprocessing.forkserver._forkserver
-        pid = getattr(server, "_forkserver_pid", None)
+        pid = self.server_pid()
         if pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+    def server_pid(self) -> int | None:
+        """The fork server's pid, if this process started one (and has not seen it stop)."""
+        server = multiprocessing.forkserver._forkserver
+        pid = getattr(server, "_forkserver_pid", None)
+        return int(pid) if pid else None
 
     def wait_ready(self, stop: threading.Event | None = None) -> bool:
         """Block until the fork server has finished its imports (it forks a process that does
@@ -257,11 +259,13 @@ class WarmStarter:
         self, argv: list[str], env: Mapping[str, str], *, entry: str = WORKER_ENTRY
     ) -> ForkedWorker:
         """Fork a worker: ``entry`` (default: ``asyncinfer.worker``'s ``main``) called with
-        ``argv``, under exactly the environment ``env``."""
+        ``argv``, under exactly the environment ``env``. The worker holds a lifeline to this
+        process: if this process dies, the worker is sent SIGTERM and exits within
+        :data:`ORPHAN_GRACE_SECONDS` (it is a child of the fork server, not of this process)."""
         self.start()  # (re)launches the fork server if it is not running
         process = self._ctx.Process(
             target=_run_worker,
-            args=(entry, list(argv), dict(env)),
+            args=(entry, list(argv), dict(env), os.getpid()),
             name="asyncinfer-worker",
             daemon=True,  # stopped if the stack exits without stopping it
         )
