@@ -195,11 +195,6 @@ class EcsWorkers(Construct):
             target_capacity_percent=100,
         )
         self.cluster.add_asg_capacity_provider(self.capacity_provider)
-        associations = [
-            c
-            for c in self.cluster.node.find_all()
-            if isinstance(c, ecs.CfnClusterCapacityProviderAssociations)
-        ]
 
         self.services: dict[str, ecs.Ec2Service] = {}
         self.task_roles: dict[str, iam.Role] = {}
@@ -256,8 +251,9 @@ class EcsWorkers(Construct):
                 enable_ecs_managed_tags=True,
                 propagate_tags=ecs.PropagatedTagSource.SERVICE,
             )
-            for association in associations:
-                service.node.add_dependency(association)
+            # CDK adds the cluster's capacity-provider association (an aspect, at synth) as a
+            # child of the cluster; a dependency on the cluster construct includes it.
+            service.node.add_dependency(self.cluster)
             scaling = service.auto_scale_task_count(
                 min_capacity=min_workers, max_capacity=max_workers
             )
