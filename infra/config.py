@@ -187,6 +187,17 @@ class DeployConfig:
         ``<stack name>-``."""
         return self.resource_prefix or f"{stack_name}-"
 
+    @property
+    def total_reserved_concurrency(self) -> int:
+        """Executions the deployment's functions reserve in all (the SageMaker bridge and
+        completion only in SageMaker mode)."""
+        sm_only = ("bridge", "completion")
+        return sum(
+            n
+            for k, n in self.reserved_concurrency().items()
+            if self.compute == "sagemaker" or k not in sm_only
+        )
+
     def reserved_concurrency(self) -> dict[str, int]:
         """Function (``dlq``, ``webhooks``, ...) -> reserved concurrency; 0 = none reserved."""
         return {
