@@ -80,11 +80,12 @@ def add_suppressions(
     table: IConstruct,
     bucket: IConstruct,
     cluster: IConstruct | None = None,
+    asg: IConstruct | None = None,
 ) -> None:
     """Acknowledge, on ``stack``, the findings this design accepts.
 
     Args:
-        table / bucket / cluster: the constructs whose ARNs appear in wildcard resources.
+        table / bucket / cluster / asg: the constructs whose ARNs appear in wildcard resources.
     """
     acks: dict[str, str] = dict(RULES)
     for policy, reason in MANAGED_POLICIES.items():
@@ -93,7 +94,10 @@ def add_suppressions(
         acks[f"AwsSolutions-IAM5[Action::{action}]"] = reason
     t, b = _lid(stack, table), _lid(stack, bucket)
     resources = {
-        "*": "X-Ray, ECR auth token and metrics APIs take no resource ARN (AWS service auth refs).",
+        "*": (
+            "X-Ray, ECR auth token, metrics and DescribeAutoScalingGroups take no resource ARN "
+            "(AWS service authorization reference)."
+        ),
         f"<{t}.Arn>/index/*": "CDK table grants include the table's own indexes (tenant-index).",
         f"<{b}.Arn>/*": "Objects of our data bucket (CDK bucket grants).",
         f"<{b}.Arn>/inputs/*": "Objects under our bucket's inputs/ prefix only.",
@@ -113,6 +117,11 @@ def add_suppressions(
     )
     if cluster is not None:
         c = _lid(stack, cluster)
+        if asg is not None:
+            group = f"{arn.format('autoscaling')}autoScalingGroup:*:autoScalingGroupName/"
+            resources[f"{group}<{_lid(stack, asg)}>"] = (
+                "The GPU group by name (its ARN holds a generated id): released at stack deletion."
+            )
         resources[f"{arn.format('ecs')}service/<{c}>/{prefix}*"] = (
             "The worker services of this cluster by the naming rule (wake on submit, backlog)."
         )

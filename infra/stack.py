@@ -204,6 +204,16 @@ class AsyncInferStack(Stack):
         workers_metric: dict[str, cloudwatch.IMetric]
         if cfg.compute == "ecs":
             worker_env = {**env, "ASYNCINFER_DRAIN_SECONDS": str(cfg.drain_seconds)}
+            release_fn = PythonFunction(
+                self,
+                "CapacityReleaseFn",
+                code="ecs_teardown",
+                service="ecs-teardown",
+                environment=env,
+                timeout=Duration.seconds(120),
+                description="asyncinfer stack deletion: release the GPU group's instances",
+                **fn_common,
+            ).function
             self.ecs = EcsWorkers(
                 self,
                 "Ecs",
@@ -223,6 +233,7 @@ class AsyncInferStack(Stack):
                 container_insights=cfg.container_insights,
                 ssm_access=cfg.instance_ssm_access,
                 scopes=scopes,
+                capacity_release=release_fn,
             )
             for model, role in self.ecs.task_roles.items():
                 for q in self.queues.queues_of(model):
@@ -370,6 +381,7 @@ class AsyncInferStack(Stack):
             table=self.table,
             bucket=self.bucket,
             cluster=self.ecs.cluster if cfg.compute == "ecs" else None,
+            asg=self.ecs.asg if cfg.compute == "ecs" else None,
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from aws_cdk import Aws, Duration, RemovalPolicy, Stack
+from aws_cdk import ArnFormat, Aws, CustomResource, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -13,6 +13,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
@@ -74,6 +75,10 @@ class EcsWorkers(Construct):
         ssm_access: the instance role gets ``AmazonSSMManagedInstanceCore`` (Session Manager
             shells for debugging; no inbound port is opened).
         scopes: where each model's task definition and service go (default: here).
+        capacity_release: the function behind ``Custom::EcsCapacityRelease``
+            (:mod:`asyncinfer.teardown`): on stack deletion, after the services and before the
+            group, it sets the group to 0 and lifts the instances' scale-in protection, which
+            managed termination protection set and which would otherwise hang the deletion.
     """
 
     def __init__(
@@ -97,6 +102,7 @@ class EcsWorkers(Construct):
         container_insights: bool = False,
         ssm_access: bool = False,
         scopes: ModelScopes | None = None,
+        capacity_release: lambda_.IFunction | None = None,
     ) -> None:
         self.prefix = prefix
         super().__init__(scope, id)
@@ -195,6 +201,9 @@ class EcsWorkers(Construct):
             target_capacity_percent=100,
         )
         self.cluster.add_asg_capacity_provider(self.capacity_provider)
+        self.release: CustomResource | None = None
+        if capacity_release is not None:
+            self.release = self._capacity_release(capacity_release)
 
         self.services: dict[str, ecs.Ec2Service] = {}
         self.task_roles: dict[str, iam.Role] = {}
@@ -254,6 +263,8 @@ class EcsWorkers(Construct):
             # CDK adds the cluster's capacity-provider association (an aspect, at synth) as a
             # child of the cluster; a dependency on the cluster construct includes it.
             service.node.add_dependency(self.cluster)
+            if self.release is not None:
+                service.node.add_dependency(self.release)
             scaling = service.auto_scale_task_count(
                 min_capacity=min_workers, max_capacity=max_workers
             )
@@ -277,6 +288,35 @@ class EcsWorkers(Construct):
             )
             self.services[model] = service
             self.task_roles[model] = task_def.task_role  # type: ignore[assignment]
+
+    def _capacity_release(self, fn: lambda_.IFunction) -> CustomResource:
+        """The custom resource that releases the group on deletion, with the function's rights
+        on this group only (DescribeAutoScalingGroups takes no resource ARN)."""
+        stack = Stack.of(self)
+        group = stack.format_arn(
+            service="autoscaling",
+            resource="autoScalingGroup",
+            resource_name=f"*:autoScalingGroupName/{self.asg.auto_scaling_group_name}",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        iam.Grant.add_to_principal(
+            grantee=fn,
+            actions=["autoscaling:UpdateAutoScalingGroup", "autoscaling:SetInstanceProtection"],
+            resource_arns=[group],
+        )
+        iam.Grant.add_to_principal(
+            grantee=fn, actions=["autoscaling:DescribeAutoScalingGroups"], resource_arns=["*"]
+        )
+        release = CustomResource(
+            self,
+            "CapacityRelease",
+            service_token=fn.function_arn,
+            resource_type="Custom::EcsCapacityRelease",
+            properties={"AutoScalingGroupName": self.asg.auto_scaling_group_name},
+        )
+        release.node.add_dependency(self.asg)
+        release.node.add_dependency(fn)  # its role and policy outlive the release
+        return release
 
     def services_arn_pattern(self) -> str:
         """The worker services of this cluster (names from :mod:`asyncinfer.naming`) as one IAM

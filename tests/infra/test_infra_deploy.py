@@ -233,3 +233,22 @@ def test_workers_delete_nothing_outside_their_outputs(ecs: Any) -> None:
     assert deletes
     for r in deletes:
         assert json.dumps(r).endswith('/outputs/*"]]}'), r
+
+
+def test_ecs_stack_deletion_releases_the_protected_gpu_instances(ecs: Any) -> None:
+    """Managed termination protection would hang the group's deletion (aws-cdk 18179): a
+    custom resource, deleted after the services and before the group, releases it."""
+    (rid, release) = next(iter(ecs.resources("Custom::EcsCapacityRelease").items()))
+    (asg,) = ecs.resources("AWS::AutoScaling::AutoScalingGroup")
+    assert asg in release["DependsOn"]
+    assert release["Properties"]["AutoScalingGroupName"] == {"Ref": asg}
+    for service in ecs.resources("AWS::ECS::Service").values():
+        assert rid in service["DependsOn"]
+    fn = ecs.template["Resources"][release["Properties"]["ServiceToken"]["Fn::GetAtt"][0]]
+    assert fn["Properties"]["Handler"] == "app.handler"
+    actions = {
+        a
+        for st in _statements(ecs)
+        for a in (st["Action"] if isinstance(st["Action"], list) else [st["Action"]])
+    }
+    assert {"autoscaling:UpdateAutoScalingGroup", "autoscaling:SetInstanceProtection"} <= actions
