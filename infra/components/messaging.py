@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aws_cdk import ArnFormat, Aws, Duration, Stack
+from aws_cdk import ArnFormat, Aws, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
@@ -158,8 +158,16 @@ class EncryptedTopics(Construct):
 
     def __init__(self, scope: Construct, id: str) -> None:
         super().__init__(scope, id)
+        # The key encrypts messages in flight only (SNS stores none): scheduled for deletion
+        # with the stack (7-day waiting period) instead of CDK's default of keeping it, where it
+        # would bill $1 a month for ever after a teardown.
         self.key = kms.Key(
-            self, "Key", enable_key_rotation=True, description="asyncinfer SNS topics"
+            self,
+            "Key",
+            enable_key_rotation=True,
+            description="asyncinfer SNS topics",
+            removal_policy=RemovalPolicy.DESTROY,
+            pending_window=Duration.days(7),
         )
         self.key.add_to_resource_policy(
             iam.PolicyStatement(
