@@ -91,3 +91,53 @@ def test_the_50_model_catalogue_is_deployed_whole(ecs50: Any, sagemaker50: Any) 
 
 def test_default_catalogue_fits_cloudformation_resource_quota(any_mode: Any) -> None:
     assert len(any_mode.template["Resources"]) <= CFN_MAX_RESOURCES
+
+
+#: CloudFormation quotas: template body in S3 1 MB; 200 parameters and 200 outputs per template.
+CFN_MAX_TEMPLATE_BYTES = 1_000_000
+CFN_MAX_PARAMETERS = 200
+CFN_MAX_OUTPUTS = 200
+
+
+def test_every_template_fits_cloudformation_quotas(every_synth: Any) -> None:
+    templates = [every_synth.template_path, *every_synth.outdir.glob("*.nested.template.json")]
+    for path in templates:
+        body = path.read_text()
+        t = json.loads(body)
+        assert len(body.encode()) <= CFN_MAX_TEMPLATE_BYTES, path.name
+        assert len(t["Resources"]) <= CFN_MAX_RESOURCES, path.name
+        assert len(t.get("Parameters", {})) <= CFN_MAX_PARAMETERS, path.name
+        assert len(t.get("Outputs", {})) <= CFN_MAX_OUTPUTS, path.name
+
+
+#: IAM: the inline policies of a role add up to at most 10,240 characters, whitespace not
+#: counted (IAM quotas, "Role policy size"); a managed policy to 6,144.
+IAM_ROLE_INLINE_MAX = 10_240
+IAM_MANAGED_MAX = 6_144
+
+
+def _deep(value: Any) -> Any:
+    if isinstance(value, dict):
+        if len(value) == 1 and next(iter(value)) in ("Ref", "Fn::Join", "Fn::GetAtt", "Fn::Sub"):
+            return resolve(value)
+        return {k: _deep(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep(v) for v in value]
+    return value
+
+
+def _size(doc: Any) -> int:
+    return len(json.dumps(_deep(doc), separators=(",", ":")))
+
+
+def test_role_policies_fit_iam_size_limits(every_synth: Any) -> None:
+    per_role: dict[str, int] = {}
+    for p in every_synth.props("AWS::IAM::Policy"):
+        for role in p.get("Roles", []):
+            key = json.dumps(role)
+            per_role[key] = per_role.get(key, 0) + _size(p["PolicyDocument"])
+    assert per_role
+    for role, size in per_role.items():
+        assert size <= IAM_ROLE_INLINE_MAX, f"{role}: {size} characters"
+    for p in every_synth.props("AWS::IAM::ManagedPolicy"):
+        assert _size(p["PolicyDocument"]) <= IAM_MANAGED_MAX
