@@ -17,6 +17,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from aws_lambda_powertools.metrics.functions import is_metrics_disabled
+
 NAMESPACE = "asyncinfer"
 #: The only dimension of a job metric.
 DIMENSION = "Model"
@@ -59,9 +61,11 @@ def emit(
 ) -> None:
     """Print one job metric as EMF on stdout (CloudWatch Logs extracts it). ``unit`` must be
     the metric's unit in :data:`UNITS` (``ValueError`` otherwise); ``write`` defaults to a
-    flushed ``print``."""
+    flushed ``print``. Nothing is written when ``POWERTOOLS_METRICS_DISABLED`` is set."""
     if UNITS.get(name) != unit:
         raise ValueError(f"job metric {name!r} has unit {UNITS.get(name)!r}, not {unit!r}")
+    if is_metrics_disabled():  # POWERTOOLS_METRICS_DISABLED, as on the local stack
+        return
     line = emf_line(name, value, model)
     if write is None:
         print(line, file=sys.stdout, flush=True)

@@ -106,6 +106,7 @@ def test_completion_metrics_carry_only_the_model_dimension(
     """Powertools adds a ``service`` dimension whenever POWERTOOLS_SERVICE_NAME is set (every
     Lambda); the alarms read {Model} only, so the completion Lambda must not use it."""
     monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "sagemaker-completion")
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)  # set by tests/conftest.py
     from lambdas.sagemaker_completion.app import emit
 
     emit(job_metrics.JOBS_FAILED, 1, "Count", "echo")
@@ -118,9 +119,17 @@ def test_completion_metrics_carry_only_the_model_dimension(
     assert "service" not in doc
 
 
-def test_job_metric_units_are_checked() -> None:
+def test_job_metric_units_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
     with pytest.raises(ValueError):
         job_metrics.emit(job_metrics.RUN_SECONDS, 1.0, "Count", "echo", write=lambda _: None)
     lines: list[str] = []
     job_metrics.emit(job_metrics.RUN_SECONDS, 2.5, "Seconds", "echo", write=lines.append)
     assert json.loads(lines[0])["RunSeconds"] == 2.5
+
+
+def test_job_metrics_honour_metrics_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    lines: list[str] = []
+    job_metrics.emit(job_metrics.JOBS_FAILED, 1, "Count", "echo", write=lines.append)
+    assert lines == []
