@@ -259,3 +259,15 @@ def test_topic_key_is_scheduled_for_deletion_with_the_stack(any_mode: Any) -> No
     (key,) = any_mode.resources("AWS::KMS::Key").values()
     assert key["DeletionPolicy"] == "Delete"
     assert key["Properties"]["PendingWindowInDays"] == 7
+
+
+def test_worker_environments_do_not_add_a_service_dimension(any_mode: Any) -> None:
+    """The worker's job metrics go through Powertools, which adds a ``service`` dimension when
+    POWERTOOLS_SERVICE_NAME is set; the alarms read {Model} only, so workers must not set it."""
+    envs = [
+        {e["Name"] for e in td["ContainerDefinitions"][0]["Environment"]}
+        for td in any_mode.props("AWS::ECS::TaskDefinition")
+    ] + [set(m["PrimaryContainer"]["Environment"]) for m in any_mode.props("AWS::SageMaker::Model")]
+    assert envs
+    for env in envs:
+        assert "POWERTOOLS_SERVICE_NAME" not in env
