@@ -344,10 +344,6 @@ class EcsWorkers(Construct):
             resource_arns=[self.services_arn_pattern()],
         )
 
-    def service_names_json(self) -> str:
-        """``{model: service_name}`` as JSON (``ASYNCINFER_ECS_SERVICES``)."""
-        return Stack.of(self).to_json_string({m: s.service_name for m, s in self.services.items()})
-
 
 def image_excludes() -> Sequence[str]:
     """Paths of the repository that the worker image never needs (kept out of the asset hash and

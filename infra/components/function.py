@@ -21,7 +21,6 @@ ARCHITECTURE = lambda_.Architecture.ARM_64
 #: (Powertools docs, "Lambda Layer": arn:aws:lambda:{region}:017000801446:layer:...). Used only
 #: with a pinned ``powertools_layer_version``; other partitions use the SSM parameter (default).
 POWERTOOLS_ACCOUNTS = {"aws": "017000801446"}
-POWERTOOLS_ACCOUNT = POWERTOOLS_ACCOUNTS["aws"]
 POWERTOOLS_LAYER = "AWSLambdaPowertoolsPythonV3-python312-arm64"
 METRICS_NAMESPACE = "asyncinfer"
 
@@ -37,15 +36,6 @@ def powertools_ssm_parameter(version: str | None = None) -> str:
     arm64 in the stack's region and partition (Powertools docs, "Lambda Layer": SSM parameters
     ``/aws/service/powertools/python/{arch}/{python_version}/{version}``)."""
     return f"/aws/service/powertools/python/arm64/python3.12/{version or powertools_version()}"
-
-
-def powertools_layer_arn(version: int) -> str:
-    """ARN of the published Powertools v3 layer ``version`` for python3.12/arm64 in the stack's
-    region, partition ``aws`` (the pinned fallback, :func:`powertools_layer`)."""
-    return (
-        f"arn:{Aws.PARTITION}:lambda:{Aws.REGION}:{POWERTOOLS_ACCOUNT}:layer:"
-        f"{POWERTOOLS_LAYER}:{version}"
-    )
 
 
 def powertools_layer(scope: Construct, pinned_version: int = 0) -> lambda_.ILayerVersion:

@@ -140,12 +140,6 @@ class ModelQueues(Construct):
         """The queue URLs as one readable template (the ``QueueUrls`` stack output)."""
         return f"{self.url_base()}{naming.queue_name(self.prefix, '{model}')}[-high|-low]"
 
-    def queue_urls_json(self) -> str:
-        """``{model: url, "<model>#high": url, "<model>#low": url}`` as a JSON string (tokens
-        resolved at deploy time). Grows ~420 bytes per model: not for environments."""
-        urls = {k: q.queue_url for k, q in self.class_queues.items()}
-        return Stack.of(self).to_json_string(urls)
-
 
 class EncryptedTopics(Construct):
     """A customer-managed KMS key (rotation on) and factory of topics encrypted with it, each

@@ -261,7 +261,3 @@ class SageMakerEndpoints(Construct):
                 for n in self.endpoint_names.values()
             ],
         )
-
-    def endpoint_names_json(self) -> str:
-        """``{model: endpoint_name}`` as JSON (``ASYNCINFER_SAGEMAKER_ENDPOINTS``)."""
-        return Stack.of(self).to_json_string(self.endpoint_names)
