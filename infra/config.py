@@ -53,12 +53,33 @@ DEFAULTS: dict[str, Any] = {
     "alarm_email": "",
     "retain_data": True,
     "lambda_body_guard": True,
-    "powertools_layer_version": 27,
+    "powertools_layer_version": 0,
     "worker_dockerfile": "container/Dockerfile",
     "input_locations": "",
-    # Webhooks (infra/components/webhooks.py): the dispatcher's reserved concurrency.
-    "webhook_reserved_concurrency": 10,
+    "resource_prefix": "",
+    "container_insights": False,
+    "dashboard": True,
+    "trace_scheduled_functions": True,
+    "instance_ssm_access": False,
+    "waf_rate_limit": 2000,
+    "dlq_reserved_concurrency": 5,
+    "webhooks_reserved_concurrency": 10,
+    "sweeper_reserved_concurrency": 1,
+    "bridge_reserved_concurrency": 10,
+    "completion_reserved_concurrency": 10,
 }
+
+#: The internal functions whose reserved concurrency is a setting (issue 14, behaviour 7): a
+#: burst of API long polls cannot take the account's concurrency away from them.
+RESERVED_CONCURRENCY_KEYS = (
+    "dlq_reserved_concurrency",
+    "webhooks_reserved_concurrency",
+    "sweeper_reserved_concurrency",
+    "bridge_reserved_concurrency",
+    "completion_reserved_concurrency",
+)
+#: AWS WAF rate-based rule limits, requests per 5-minute window per IP (RateBasedStatement).
+WAF_RATE_MIN, WAF_RATE_MAX = 10, 2_000_000_000
 
 #: ECS task stopTimeout maximum, seconds (ECS task definition parameters, "stopTimeout").
 ECS_MAX_STOP_TIMEOUT = 120
@@ -155,7 +176,40 @@ class DeployConfig:
     #: ``bucket`` or ``bucket/prefix`` entries jobs may name as ``input_url`` (read access is
     #: granted to the workers; ``ASYNCINFER_INPUT_LOCATIONS``).
     input_locations: tuple[str, ...]
-    webhook_reserved_concurrency: int
+    resource_prefix: str
+    container_insights: bool
+    dashboard: bool
+    trace_scheduled_functions: bool
+    instance_ssm_access: bool
+    waf_rate_limit: int
+    dlq_reserved_concurrency: int
+    webhooks_reserved_concurrency: int
+    sweeper_reserved_concurrency: int
+    bridge_reserved_concurrency: int
+    completion_reserved_concurrency: int
+
+    def prefix_for(self, stack_name: str) -> str:
+        """The resource prefix (:mod:`asyncinfer.naming`): the set one, else
+        ``<stack name>-``."""
+        return self.resource_prefix or f"{stack_name}-"
+
+    @property
+    def total_reserved_concurrency(self) -> int:
+        """Executions the deployment's functions reserve in all (the SageMaker bridge and
+        completion only in SageMaker mode)."""
+        sm_only = ("bridge", "completion")
+        return sum(
+            n
+            for k, n in self.reserved_concurrency().items()
+            if self.compute == "sagemaker" or k not in sm_only
+        )
+
+    def reserved_concurrency(self) -> dict[str, int]:
+        """Function (``dlq``, ``webhooks``, ...) -> reserved concurrency; 0 = none reserved."""
+        return {
+            k.removesuffix("_reserved_concurrency"): getattr(self, k)
+            for k in RESERVED_CONCURRENCY_KEYS
+        }
 
     @property
     def sagemaker_instance_type(self) -> str:
@@ -235,6 +289,11 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "alarm_email": lambda v: str(v).strip(),
     "retain_data": _to_bool,
     "lambda_body_guard": _to_bool,
+    "resource_prefix": lambda v: str(v).strip(),
+    "container_insights": _to_bool,
+    "dashboard": _to_bool,
+    "trace_scheduled_functions": _to_bool,
+    "instance_ssm_access": _to_bool,
 }
 
 
@@ -369,13 +428,28 @@ def _conflicts(v: dict[str, Any]) -> list[str]:
             f"worker_dockerfile={v['worker_dockerfile']!r}: no such file inside the repository "
             "(the worker image builds from the repository root with this Dockerfile)"
         )
-    wrc = v["webhook_reserved_concurrency"]
+    wrc = v["webhooks_reserved_concurrency"]
     if wrc != 0 and not 2 <= wrc <= SQS_MAX_CONCURRENCY:
         # The dispatcher's SQS event source takes the same number as its maximum concurrency.
         p.append(
-            f"webhook_reserved_concurrency={wrc} must be 0 (none) or in "
+            f"webhooks_reserved_concurrency={wrc} must be 0 (none) or in "
             f"2..{SQS_MAX_CONCURRENCY} (SQS event source MaximumConcurrency)"
         )
-    if v["powertools_layer_version"] < 1:
-        p.append(f"powertools_layer_version={v['powertools_layer_version']} must be >= 1")
+    if v["powertools_layer_version"] < 0:
+        p.append(
+            f"powertools_layer_version={v['powertools_layer_version']} must be >= 1, or 0 for the "
+            "layer of the installed Powertools version (Powertools' public SSM parameter)"
+        )
+    if v["waf_rate_limit"] and not WAF_RATE_MIN <= v["waf_rate_limit"] <= WAF_RATE_MAX:
+        p.append(
+            f"waf_rate_limit={v['waf_rate_limit']} must be 0 (no rate rule) or "
+            f"{WAF_RATE_MIN}..{WAF_RATE_MAX} requests per 5 minutes per IP"
+        )
+    for name in RESERVED_CONCURRENCY_KEYS:
+        if not 0 <= v[name] <= 1000:
+            p.append(f"{name}={v[name]} must be in 0..1000 (0: none reserved)")
+    if v["resource_prefix"] and not re.fullmatch(
+        r"[A-Za-z0-9][A-Za-z0-9_-]*", v["resource_prefix"]
+    ):
+        p.append(f"resource_prefix={v['resource_prefix']!r} must be letters, digits, '-' or '_'")
     return p

@@ -8,7 +8,7 @@ is reported, not silently accepted. Nothing acknowledged concerns data exposure 
 
 from __future__ import annotations
 
-from aws_cdk import Acknowledgment, CfnElement, Stack, Validations
+from aws_cdk import Acknowledgment, CfnElement, Names, Stack, Validations
 from constructs import IConstruct
 
 #: rule id -> why this design accepts it (whole rules).
@@ -35,6 +35,10 @@ RULES: dict[str, str] = {
         "per-event ASG notifications would only add noise."
     ),
     "AwsSolutions-ECS2": "Container environment holds only resource names and tuning numbers.",
+    "AwsSolutions-ECS4": (
+        "Container Insights is the container_insights setting, off by default as it bills per "
+        "metric at zero traffic; the dashboard shows backlog, running tasks and job outcomes."
+    ),
 }
 
 #: AWS managed policies attached on purpose (IAM4 findings).
@@ -42,6 +46,7 @@ MANAGED_POLICIES: dict[str, str] = {
     "service-role/AWSLambdaBasicExecutionRole": "Lambda's minimal policy for its own logs.",
     "service-role/AmazonAPIGatewayPushToCloudWatchLogs": "API Gateway's policy for its logs.",
     "service-role/AmazonEC2ContainerServiceforEC2Role": "AWS's policy for ECS container instances.",
+    "AmazonSSMManagedInstanceCore": "Session Manager access (instance_ssm_access, off by default).",
 }
 
 #: Wildcard actions from CDK grant methods and AWS managed defaults (IAM5 findings).
@@ -56,6 +61,13 @@ WILDCARD_ACTIONS: dict[str, str] = {
 }
 
 
+def _cfn(element: IConstruct) -> IConstruct:
+    """The CloudFormation resource of a construct (itself if it is one)."""
+    child = element.node.default_child if not isinstance(element, CfnElement) else element
+    assert child is not None
+    return child
+
+
 def _lid(stack: Stack, element: IConstruct) -> str:
     """The logical id of a construct's CloudFormation resource, as cdk-nag prints it."""
     child = element.node.default_child if not isinstance(element, CfnElement) else element
@@ -68,11 +80,12 @@ def add_suppressions(
     table: IConstruct,
     bucket: IConstruct,
     cluster: IConstruct | None = None,
+    asg: IConstruct | None = None,
 ) -> None:
     """Acknowledge, on ``stack``, the findings this design accepts.
 
     Args:
-        table / bucket / cluster: the constructs whose ARNs appear in wildcard resources.
+        table / bucket / cluster / asg: the constructs whose ARNs appear in wildcard resources.
     """
     acks: dict[str, str] = dict(RULES)
     for policy, reason in MANAGED_POLICIES.items():
@@ -81,19 +94,50 @@ def add_suppressions(
         acks[f"AwsSolutions-IAM5[Action::{action}]"] = reason
     t, b = _lid(stack, table), _lid(stack, bucket)
     resources = {
-        "*": "X-Ray, ECR auth token and metrics APIs take no resource ARN (AWS service auth refs).",
+        "*": (
+            "X-Ray, ECR auth token, metrics and DescribeAutoScalingGroups take no resource ARN "
+            "(AWS service authorization reference)."
+        ),
         f"<{t}.Arn>/index/*": "CDK table grants include the table's own indexes (tenant-index).",
         f"<{b}.Arn>/*": "Objects of our data bucket (CDK bucket grants).",
         f"<{b}.Arn>/inputs/*": "Objects under our bucket's inputs/ prefix only.",
         f"<{b}.Arn>/outputs/*": "Objects under our bucket's outputs/ prefix only.",
+        f"<{b}.Arn>/uploads/*": "Objects under our bucket's uploads/ prefix (POST /v1/uploads).",
         "arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:log-group:"
         "/aws/sagemaker/Endpoints/*": "SageMaker endpoints' own log groups (SageMaker docs).",
     }
+    prefix = getattr(stack, "prefix", "")
+    arn = "arn:<AWS::Partition>:{}:<AWS::Region>:<AWS::AccountId>:"
+    resources[f"{arn.format('sqs')}{prefix}jobs-*"] = (
+        "Every model's job queues by the naming rule (asyncinfer.naming), one statement at any "
+        "catalogue size; no other queue matches."
+    )
+    resources[f"{arn.format('sqs')}{prefix}dlq-*"] = (
+        "Every model's dead-letter queue by the naming rule; no other queue matches."
+    )
     if cluster is not None:
         c = _lid(stack, cluster)
+        if asg is not None:
+            group = f"{arn.format('autoscaling')}autoScalingGroup:*:autoScalingGroupName/"
+            resources[f"{group}<{_lid(stack, asg)}>"] = (
+                "The GPU group by name (its ARN holds a generated id): released at stack deletion."
+            )
+        resources[f"{arn.format('ecs')}service/<{c}>/{prefix}*"] = (
+            "The worker services of this cluster by the naming rule (wake on submit, backlog)."
+        )
         resources[f"arn:<AWS::Partition>:ecs:<AWS::Region>:<AWS::AccountId>:task/<{c}>/*"] = (
             "Task scale-in protection on tasks of this cluster only (task ids are not known)."
         )
+    # In nested stacks (a large catalogue, infra.components.model_scopes) the same resources
+    # appear through CDK's parameters: <lid.Arn> as <referenceto<unique id>Arn>, <lid> as
+    # <referenceto<unique id>Ref>.
+    ids = {_lid(stack, c): Names.unique_id(_cfn(c)) for c in (table, bucket, cluster) if c}
+    for res, reason in list(resources.items()):
+        nested = res
+        for lid, uid in ids.items():
+            nested = nested.replace(f"<{lid}.Arn>", f"<referenceto{uid}Arn>")
+            nested = nested.replace(f"<{lid}>", f"<referenceto{uid}Ref>")
+        resources.setdefault(nested, reason)
     for res, reason in resources.items():
         acks[f"AwsSolutions-IAM5[Resource::{res}]"] = reason
     Validations.of(stack).acknowledge(

@@ -22,22 +22,24 @@ from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subs
+from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from asyncinfer import naming
 from infra.components.api import JobsApi
 from infra.components.ecs_workers import EcsWorkers, image_excludes
-from infra.components.function import METRICS_NAMESPACE, PythonFunction, powertools_layer_arn
+from infra.components.function import METRICS_NAMESPACE, PythonFunction, powertools_layer
 from infra.components.inputs import grant_input_locations
-from infra.components.messaging import EncryptedTopics, ModelQueues
+from infra.components.messaging import CONSUME_ACTIONS, SEND_ACTIONS, EncryptedTopics, ModelQueues
+from infra.components.model_scopes import ModelScopes
 from infra.components.monitoring import Monitoring
 from infra.components.sagemaker_endpoints import SageMakerEndpoints, endpoint_metric
 from infra.components.storage import DataBucket, JobTable
 from infra.components.webhooks import WebhookDelivery
-from infra.config import LOG_RETENTION_DAYS, REPO_ROOT, DeployConfig
+from infra.config import LOG_RETENTION_DAYS, REPO_ROOT, DeployConfig, DeployConfigError
 from infra.nag import add_suppressions
 
 #: Timeout of the API Lambda: API Gateway's integration timeout is 29 s (``?wait`` holds <= 20 s).
@@ -59,16 +61,24 @@ class AsyncInferStack(Stack):
         self.config = config
         cfg = config
         models = list(cfg.models)
+        self.prefix = prefix = cfg.prefix_for(self.stack_name)
+        naming_problems = naming.problems(prefix, models)
+        if naming_problems:
+            raise DeployConfigError(naming_problems)
         removal = RemovalPolicy.RETAIN if cfg.retain_data else RemovalPolicy.DESTROY
         retention = _retention(cfg.log_retention_days)
-        layer = lambda_.LayerVersion.from_layer_version_arn(
-            self, "Powertools", powertools_layer_arn(cfg.powertools_layer_version)
-        )
+        reserved = cfg.reserved_concurrency()
+        layer = powertools_layer(self, cfg.powertools_layer_version)
+        self.scopes = scopes = ModelScopes(self, models)
 
         # ---------------------------------------------------------------- data
         self.table = JobTable(self, "Jobs", removal_policy=removal).table
         self.bucket = DataBucket(
-            self, "Data", expiry_days=cfg.object_expiry_days, removal_policy=removal
+            self,
+            "Data",
+            expiry_days=cfg.object_expiry_days,
+            removal_policy=removal,
+            auto_delete_objects=not cfg.retain_data,
         ).bucket
         topics = EncryptedTopics(self, "Topics")
         self.events_topic = topics.topic("Events", display_name="asyncinfer job events")
@@ -78,15 +88,20 @@ class AsyncInferStack(Stack):
             self,
             "Queues",
             models=models,
+            prefix=prefix,
             visibility_timeout=Duration.seconds(cfg.visibility_timeout),
             max_receive_count=cfg.max_receive_count,
             dlq_visibility_timeout=Duration.seconds(6 * cfg.dlq_handler_timeout),
+            scopes=scopes,
         )
         env = {
             "ASYNCINFER_TABLE": self.table.table_name,
             "ASYNCINFER_BUCKET": self.bucket.bucket_name,
             "ASYNCINFER_TOPIC_ARN": self.events_topic.topic_arn,
-            "ASYNCINFER_QUEUE_URLS": self.queues.queue_urls_json(),
+            # Queue URLs, service and endpoint names follow from these (asyncinfer.naming): a
+            # constant size, not a map growing per model (Lambda: 4 KB of environment in all).
+            "ASYNCINFER_RESOURCE_PREFIX": prefix,
+            "ASYNCINFER_QUEUE_URL_BASE": self.queues.url_base(),
             "ASYNCINFER_MODELS": ",".join(models),
             "ASYNCINFER_MAX_RECEIVE_COUNT": str(cfg.max_receive_count),
             "ASYNCINFER_VISIBILITY_TIMEOUT": str(cfg.visibility_timeout),
@@ -115,8 +130,7 @@ class AsyncInferStack(Stack):
         self.table.grant_read_write_data(self.api_fn)
         self.bucket.grant_read_write(self.api_fn)
         self.events_topic.grant_publish(self.api_fn)
-        for q in self.queues.class_queues.values():
-            q.grant_send_messages(self.api_fn)
+        self.queues.grant_job_queues(self.api_fn, SEND_ACTIONS)
         self.api = JobsApi(
             self,
             "Http",
@@ -127,6 +141,7 @@ class AsyncInferStack(Stack):
             quota_period=cfg.quota_period,
             waf_max_body_kb=cfg.waf_max_body_kb,
             lambda_body_guard=cfg.lambda_body_guard,
+            waf_rate_limit=cfg.waf_rate_limit,
             log_retention=retention,
             removal_policy=RemovalPolicy.DESTROY,
         )
@@ -139,15 +154,15 @@ class AsyncInferStack(Stack):
             environment=env,
             timeout=Duration.seconds(cfg.dlq_handler_timeout),
             description="asyncinfer dead-letter handler",
+            reserved_concurrency=reserved["dlq"],
             **fn_common,
         ).function
         self.table.grant_read_write_data(self.dlq_fn)
         self.bucket.grant_read(self.dlq_fn)
         self.events_topic.grant_publish(self.dlq_fn)
-        for dlq in self.queues.dlqs.values():
-            self.dlq_fn.add_event_source(
-                sources.SqsEventSource(dlq, batch_size=10, report_batch_item_failures=True)
-            )
+        self.queues.grant_dlqs(self.dlq_fn, CONSUME_ACTIONS)
+        for model, dlq in self.queues.dlqs.items():
+            _sqs_trigger(scopes.of(self.queues, model), f"{model}-dlq-trigger", self.dlq_fn, dlq)
 
         self.sweeper_fn = PythonFunction(
             self,
@@ -158,6 +173,8 @@ class AsyncInferStack(Stack):
             timeout=Duration.seconds(60),
             description="asyncinfer expiry sweeper: queued jobs past their TTL, running jobs "
             "whose lease lapsed (every minute)",
+            reserved_concurrency=reserved["sweeper"],
+            tracing=cfg.trace_scheduled_functions,
             **fn_common,
         ).function
         self.table.grant_read_write_data(self.sweeper_fn)
@@ -177,7 +194,7 @@ class AsyncInferStack(Stack):
             table=self.table,
             environment=env,
             function_props=fn_common,
-            reserved_concurrency=cfg.webhook_reserved_concurrency,
+            reserved_concurrency=reserved["webhooks"],
             removal_policy=removal,
         )
         self.webhooks.grant_secrets(self.api_fn)  # tenants' secrets: the API and dispatcher only
@@ -194,11 +211,22 @@ class AsyncInferStack(Stack):
         workers_metric: dict[str, cloudwatch.IMetric]
         if cfg.compute == "ecs":
             worker_env = {**env, "ASYNCINFER_DRAIN_SECONDS": str(cfg.drain_seconds)}
+            release_fn = PythonFunction(
+                self,
+                "CapacityReleaseFn",
+                code="ecs_teardown",
+                service="ecs-teardown",
+                environment=env,
+                timeout=Duration.seconds(120),
+                description="asyncinfer stack deletion: release the GPU group's instances",
+                **fn_common,
+            ).function
             self.ecs = EcsWorkers(
                 self,
                 "Ecs",
                 image=image,
                 queues=self.queues.queues,
+                prefix=prefix,
                 environment=worker_env,
                 instance_type=cfg.ec2_instance_type,
                 gpu=cfg.gpu,
@@ -209,6 +237,10 @@ class AsyncInferStack(Stack):
                 memory_reservation_mib=WORKER_MEMORY_MIB,
                 log_retention=retention,
                 removal_policy=RemovalPolicy.DESTROY,
+                container_insights=cfg.container_insights,
+                ssm_access=cfg.instance_ssm_access,
+                scopes=scopes,
+                capacity_release=release_fn,
             )
             grant_input_locations(self, self.ecs.task_roles.values(), cfg.input_locations)
             for model, role in self.ecs.task_roles.items():
@@ -216,7 +248,11 @@ class AsyncInferStack(Stack):
                     q.grant_consume_messages(role)
                     q.grant_send_messages(role)
                 self.table.grant_read_write_data(role)
-                self.bucket.grant_read_write(role)
+                # Workers read inputs and uploads and write outputs; they delete nothing
+                # outside outputs/ (issue 14, least privilege).
+                self.bucket.grant_read(role)
+                self.bucket.grant_put(role, "outputs/*")
+                self.bucket.grant_delete(role, "outputs/*")
                 self.events_topic.grant_publish(role)
             self.backlog_fn = PythonFunction(
                 self,
@@ -224,22 +260,22 @@ class AsyncInferStack(Stack):
                 code="backlog_metric",
                 service="backlog-metric",
                 environment={
-                    "ASYNCINFER_QUEUE_URLS": self.queues.queue_urls_json(),
+                    "ASYNCINFER_RESOURCE_PREFIX": prefix,
+                    "ASYNCINFER_QUEUE_URL_BASE": self.queues.url_base(),
                     "ASYNCINFER_MODELS": ",".join(models),
+                    "ASYNCINFER_COMPUTE": "ecs",
                     "ASYNCINFER_ECS_CLUSTER": self.ecs.cluster.cluster_name,
-                    "ASYNCINFER_ECS_SERVICES": self.ecs.service_names_json(),
                 },
                 timeout=Duration.seconds(30),
                 description="asyncinfer backlog-per-task metric (every minute)",
+                tracing=cfg.trace_scheduled_functions,
                 **fn_common,
             ).function
-            for q in self.queues.class_queues.values():
-                q.grant(self.backlog_fn, "sqs:GetQueueAttributes")
+            self.queues.grant_job_queues(self.backlog_fn, ["sqs:GetQueueAttributes"])
             self.ecs.grant_describe_services(self.backlog_fn)
             # Wake-on-submit: the API takes a service at zero to one task at once.
             self.ecs.grant_wake(self.api_fn)
             self.api_fn.add_environment("ASYNCINFER_ECS_CLUSTER", self.ecs.cluster.cluster_name)
-            self.api_fn.add_environment("ASYNCINFER_ECS_SERVICES", self.ecs.service_names_json())
             events.Rule(
                 self,
                 "BacklogSchedule",
@@ -264,6 +300,7 @@ class AsyncInferStack(Stack):
                 "SageMaker",
                 image=image,
                 models=models,
+                prefix=prefix,
                 bucket=self.bucket,
                 success_topic=success,
                 error_topic=error,
@@ -272,9 +309,11 @@ class AsyncInferStack(Stack):
                 max_workers=cfg.max_workers,
                 backlog_per_worker=cfg.backlog_per_worker,
                 max_concurrent_invocations=cfg.sagemaker_max_concurrent_invocations,
+                log_retention=retention,
+                scopes=scopes,
             )
             grant_input_locations(self, [self.sagemaker.role], cfg.input_locations)
-            sm_env = {**env, "ASYNCINFER_SAGEMAKER_ENDPOINTS": self.sagemaker.endpoint_names_json()}
+            sm_env = env
             self.bridge_fn = PythonFunction(
                 self,
                 "BridgeFn",
@@ -283,20 +322,19 @@ class AsyncInferStack(Stack):
                 environment=sm_env,
                 timeout=Duration.seconds(cfg.bridge_timeout),
                 description="asyncinfer SQS -> SageMaker InvokeEndpointAsync",
+                reserved_concurrency=reserved["bridge"],
                 **fn_common,
             ).function
             self.sagemaker.grant_invoke_async(self.bridge_fn)
             self.sagemaker.grant_wake(self.api_fn)
-            self.api_fn.add_environment(
-                "ASYNCINFER_SAGEMAKER_ENDPOINTS", self.sagemaker.endpoint_names_json()
-            )
             self.table.grant_read_write_data(self.bridge_fn)
             self.bucket.grant_read_write(self.bridge_fn, "inputs/*")
             self.events_topic.grant_publish(self.bridge_fn)
-            for q in self.queues.class_queues.values():
-                self.bridge_fn.add_event_source(
-                    sources.SqsEventSource(q, batch_size=10, report_batch_item_failures=True)
-                )
+            self.queues.grant_job_queues(self.bridge_fn, CONSUME_ACTIONS)
+            for key, q in self.queues.class_queues.items():
+                model = key.split("#")[0]
+                trigger_id = f"{key.replace('#', '-')}-bridge-trigger"
+                _sqs_trigger(scopes.of(self.queues, model), trigger_id, self.bridge_fn, q)
             self.completion_fn = PythonFunction(
                 self,
                 "CompletionFn",
@@ -305,6 +343,7 @@ class AsyncInferStack(Stack):
                 environment=sm_env,
                 timeout=Duration.seconds(60),
                 description="asyncinfer SageMaker notifications -> job records and events",
+                reserved_concurrency=reserved["completion"],
                 **fn_common,
             ).function
             self.table.grant_read_write_data(self.completion_fn)
@@ -326,6 +365,7 @@ class AsyncInferStack(Stack):
         alarm_topic: sns.ITopic | None = None
         if cfg.alarm_email:
             alarm_topic = topics.topic("Alarms", display_name="asyncinfer alarms")
+            topics.allow_cloudwatch_alarms(alarm_topic)
             alarm_topic.add_subscription(subs.EmailSubscription(cfg.alarm_email))
         self.monitoring = Monitoring(
             self,
@@ -336,6 +376,8 @@ class AsyncInferStack(Stack):
             alarm_topic=alarm_topic,
             oldest_message_seconds=cfg.oldest_message_alarm_seconds,
             failure_rate_percent=cfg.failure_rate_alarm_percent,
+            dashboard=cfg.dashboard,
+            scopes=scopes,
         )
 
         if alarm_topic is not None:
@@ -346,13 +388,29 @@ class AsyncInferStack(Stack):
         CfnOutput(self, "EventsTopicArn", value=self.events_topic.topic_arn)
         CfnOutput(self, "TableName", value=self.table.table_name)
         CfnOutput(self, "BucketName", value=self.bucket.bucket_name)
-        CfnOutput(self, "QueueUrls", value=self.queues.queue_urls_json())
+        CfnOutput(self, "QueueUrls", value=self.queues.url_template())
+        CfnOutput(self, "ResourcePrefix", value=prefix)
         add_suppressions(
             self,
             table=self.table,
             bucket=self.bucket,
             cluster=self.ecs.cluster if cfg.compute == "ecs" else None,
+            asg=self.ecs.asg if cfg.compute == "ecs" else None,
         )
+
+
+def _sqs_trigger(scope: Construct, id: str, fn: lambda_.IFunction, queue: sqs.IQueue) -> None:
+    """An SQS event source mapping (batches of 10, partial batch failures) in ``scope`` (the
+    queue's model scope, so a large catalogue's mappings do not fill the parent stack). The
+    function's rights on the queues are granted once, by name pattern."""
+    lambda_.EventSourceMapping(
+        scope,
+        id,
+        target=fn,
+        event_source_arn=queue.queue_arn,
+        batch_size=10,
+        report_batch_item_failures=True,
+    )
 
 
 def _retention(days: int) -> logs.RetentionDays:

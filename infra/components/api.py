@@ -51,11 +51,43 @@ CONTENT_LENGTH_OVER_LIMIT = (
 )
 
 
-def _json_413(message: str) -> Any:
+#: The REST API's one stage.
+STAGE = "prod"
+
+
+def _json_error(code: str, message: str) -> Any:
     return wafv2.CfnWebACL.CustomResponseBodyProperty(
         content_type="APPLICATION_JSON",
-        content=json.dumps(
-            {"error": {"code": "payload_too_large", "message": message, "details": []}}
+        content=json.dumps({"error": {"code": code, "message": message, "details": []}}),
+    )
+
+
+def _json_413(message: str) -> Any:
+    return _json_error("payload_too_large", message)
+
+
+def _rate_rule(limit: int, priority: int) -> Any:
+    """A rate-based rule: a client IP over ``limit`` requests per 5 minutes gets 429 with the
+    contract's error body (AWS WAF developer guide, "Rate-based rule statement")."""
+    return wafv2.CfnWebACL.RuleProperty(
+        name="rate-limit-per-ip",
+        priority=priority,
+        action=wafv2.CfnWebACL.RuleActionProperty(
+            block=wafv2.CfnWebACL.BlockActionProperty(
+                custom_response=wafv2.CfnWebACL.CustomResponseProperty(
+                    response_code=429, custom_response_body_key="rate_limited"
+                )
+            )
+        ),
+        statement=wafv2.CfnWebACL.StatementProperty(
+            rate_based_statement=wafv2.CfnWebACL.RateBasedStatementProperty(
+                limit=limit, aggregate_key_type="IP", evaluation_window_sec=300
+            )
+        ),
+        visibility_config=wafv2.CfnWebACL.VisibilityConfigProperty(
+            cloud_watch_metrics_enabled=True,
+            metric_name="asyncinfer-rate-limit-per-ip",
+            sampled_requests_enabled=True,
         ),
     )
 
@@ -100,8 +132,12 @@ class JobsApi(Construct):
         lambda_body_guard: a WAF rule answering 413 when ``Content-Length`` is over
             :data:`LAMBDA_BODY_LIMIT` bytes: API Gateway passes bodies up to 10 MB, but a Lambda
             proxy event is capped at 6 MB and a larger one would fail as a 5xx.
-        log_retention: of the access log group.
-        removal_policy: of the access log group.
+        waf_rate_limit: with a web ACL, a rate-based rule blocking (429) a client IP above this
+            many requests per 5 minutes; 0 for none.
+        log_retention: of the access log group and of the execution log group
+            (``API-Gateway-Execution-Logs_<api id>/prod``, which API Gateway would otherwise
+            create without a retention).
+        removal_policy: of those log groups.
     """
 
     def __init__(
@@ -116,6 +152,7 @@ class JobsApi(Construct):
         quota_period: str,
         waf_max_body_kb: int,
         lambda_body_guard: bool = True,
+        waf_rate_limit: int = 0,
         log_retention: logs.RetentionDays,
         removal_policy: RemovalPolicy,
     ) -> None:
@@ -133,7 +170,7 @@ class JobsApi(Construct):
             cloud_watch_role=True,
             cloud_watch_role_removal_policy=RemovalPolicy.RETAIN,
             deploy_options=apigw.StageOptions(
-                stage_name="prod",
+                stage_name=STAGE,
                 access_log_destination=apigw.LogGroupLogDestination(self.access_logs),
                 access_log_format=apigw.AccessLogFormat.custom(json.dumps(_ACCESS_LOG_FIELDS)),
                 logging_level=apigw.MethodLoggingLevel.ERROR,
@@ -144,6 +181,14 @@ class JobsApi(Construct):
                 throttling_burst_limit=max(throttle_burst * 10, 200),
             ),
         )
+        self.execution_logs = logs.LogGroup(
+            self,
+            "ExecutionLogs",
+            log_group_name=f"API-Gateway-Execution-Logs_{self.api.rest_api_id}/{STAGE}",
+            retention=log_retention,
+            removal_policy=removal_policy,
+        )
+        self.api.deployment_stage.node.add_dependency(self.execution_logs)
         v1 = self.api.root.add_resource("v1")
         health = v1.add_resource("health")
         health.add_method("GET", integration, api_key_required=False)
@@ -172,11 +217,13 @@ class JobsApi(Construct):
         self.usage_plan.add_api_key(self.default_key)
         self.web_acl: wafv2.CfnWebACL | None = None
         if waf_max_body_kb or lambda_body_guard:
-            self.web_acl = self._web_acl(waf_max_body_kb, lambda_body_guard)
+            self.web_acl = self._web_acl(waf_max_body_kb, lambda_body_guard, waf_rate_limit)
 
-    def _web_acl(self, max_kb: int, guard: bool) -> wafv2.CfnWebACL:
+    def _web_acl(self, max_kb: int, guard: bool, rate_limit: int) -> wafv2.CfnWebACL:
         inspect_kb = next(k for k in (16, 32, 48, 64) if k >= max(max_kb, 1))
         rules: list[Any] = []
+        if rate_limit:
+            rules.append(_rate_rule(rate_limit, len(rules)))
         if guard:
             rules.append(
                 _block_413(
@@ -234,6 +281,9 @@ class JobsApi(Construct):
                 }
             ),
             custom_response_bodies={
+                "rate_limited": _json_error(
+                    "rate_limited", f"over {rate_limit} requests in 5 minutes from this address"
+                ),
                 "too_large": _json_413(f"request body over {max_kb} KB"),
                 "too_large_for_lambda": _json_413(
                     f"request body over {LAMBDA_BODY_LIMIT} bytes; upload large inputs with "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from aws_cdk import Aws, Duration, RemovalPolicy, Stack
+from aws_cdk import ArnFormat, Aws, CustomResource, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -13,11 +13,14 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from asyncinfer import naming
 from infra.components.function import METRICS_NAMESPACE
+from infra.components.model_scopes import ModelScopes
 
 #: Metrics the backlog Lambda publishes each minute (namespace ``asyncinfer``, dimension Model);
 #: see :mod:`asyncinfer.backlog`.
@@ -50,10 +53,16 @@ class EcsWorkers(Construct):
 
     The network is a VPC with public subnets only (no NAT gateway cost at zero); instances get
     public addresses and a security group without inbound rules; tasks use bridge networking.
+    Instances require IMDSv2 with a hop limit of 1, so containers (one hop further) cannot read
+    the instance role's credentials; tasks get theirs from the ECS agent.
+
+    Every service depends on the cluster's capacity-provider association, so CreateService runs
+    after it exists and, on delete, the services go before it.
 
     Args:
         image: the worker image asset (``container/``).
         queues: model id -> job queue.
+        prefix: the deployment's resource prefix (service names, :mod:`asyncinfer.naming`).
         environment: ``ASYNCINFER_*`` settings for the container.
         instance_type: EC2 instance type.
         gpu: reserve one GPU per task and use the GPU AMI.
@@ -62,6 +71,14 @@ class EcsWorkers(Construct):
         stop_timeout: seconds ECS waits after SIGTERM before SIGKILL (max 120).
         memory_reservation_mib: soft memory reservation of a task.
         log_retention / removal_policy: of the container and flow log groups.
+        container_insights: Container Insights on the cluster (CloudWatch charges per metric).
+        ssm_access: the instance role gets ``AmazonSSMManagedInstanceCore`` (Session Manager
+            shells for debugging; no inbound port is opened).
+        scopes: where each model's task definition and service go (default: here).
+        capacity_release: the function behind ``Custom::EcsCapacityRelease``
+            (:mod:`asyncinfer.teardown`): on stack deletion, after the services and before the
+            group, it sets the group to 0 and lifts the instances' scale-in protection, which
+            managed termination protection set and which would otherwise hang the deletion.
     """
 
     def __init__(
@@ -71,6 +88,7 @@ class EcsWorkers(Construct):
         *,
         image: ecr_assets.DockerImageAsset,
         queues: Mapping[str, sqs.IQueue],
+        prefix: str,
         environment: Mapping[str, str],
         instance_type: str,
         gpu: bool,
@@ -81,7 +99,12 @@ class EcsWorkers(Construct):
         memory_reservation_mib: int,
         log_retention: logs.RetentionDays,
         removal_policy: RemovalPolicy,
+        container_insights: bool = False,
+        ssm_access: bool = False,
+        scopes: ModelScopes | None = None,
+        capacity_release: lambda_.IFunction | None = None,
     ) -> None:
+        self.prefix = prefix
         super().__init__(scope, id)
         flow_logs = logs.LogGroup(
             self, "FlowLogs", retention=log_retention, removal_policy=removal_policy
@@ -107,7 +130,11 @@ class EcsWorkers(Construct):
             self,
             "Cluster",
             vpc=self.vpc,
-            container_insights_v2=ecs.ContainerInsights.ENABLED,
+            container_insights_v2=(
+                ecs.ContainerInsights.ENABLED
+                if container_insights
+                else ecs.ContainerInsights.DISABLED
+            ),
         )
         sg = ec2.SecurityGroup(
             self,
@@ -125,6 +152,10 @@ class EcsWorkers(Construct):
                 "service-role/AmazonEC2ContainerServiceforEC2Role"
             )
         )
+        if ssm_access:
+            instance_role.add_managed_policy(
+                iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")
+            )
         launch_template = ec2.LaunchTemplate(
             self,
             "LaunchTemplate",
@@ -134,6 +165,8 @@ class EcsWorkers(Construct):
             role=instance_role,
             security_group=sg,
             require_imdsv2=True,
+            http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
+            http_put_response_hop_limit=1,
             associate_public_ip_address=True,
             detailed_monitoring=False,
             block_devices=[
@@ -168,16 +201,20 @@ class EcsWorkers(Construct):
             target_capacity_percent=100,
         )
         self.cluster.add_asg_capacity_provider(self.capacity_provider)
+        self.release: CustomResource | None = None
+        if capacity_release is not None:
+            self.release = self._capacity_release(capacity_release)
 
         self.services: dict[str, ecs.Ec2Service] = {}
         self.task_roles: dict[str, iam.Role] = {}
         stack = Stack.of(self)
         for model, _queue in queues.items():
+            sc = scopes.of(self, model) if scopes else self
             task_def = ecs.Ec2TaskDefinition(
-                self, f"{model}-task", network_mode=ecs.NetworkMode.BRIDGE
+                sc, f"{model}-task", network_mode=ecs.NetworkMode.BRIDGE
             )
             log_group = logs.LogGroup(
-                self, f"{model}-logs", retention=log_retention, removal_policy=removal_policy
+                sc, f"{model}-logs", retention=log_retention, removal_policy=removal_policy
             )
             task_def.add_container(
                 "worker",
@@ -206,8 +243,9 @@ class EcsWorkers(Construct):
                 )
             )
             service = ecs.Ec2Service(
-                self,
+                sc,
                 f"{model}-service",
+                service_name=naming.ecs_service_name(prefix, model),
                 cluster=self.cluster,
                 task_definition=task_def,
                 desired_count=min_workers,
@@ -222,6 +260,11 @@ class EcsWorkers(Construct):
                 enable_ecs_managed_tags=True,
                 propagate_tags=ecs.PropagatedTagSource.SERVICE,
             )
+            # CDK adds the cluster's capacity-provider association (an aspect, at synth) as a
+            # child of the cluster; a dependency on the cluster construct includes it.
+            service.node.add_dependency(self.cluster)
+            if self.release is not None:
+                service.node.add_dependency(self.release)
             scaling = service.auto_scale_task_count(
                 min_capacity=min_workers, max_capacity=max_workers
             )
@@ -246,12 +289,50 @@ class EcsWorkers(Construct):
             self.services[model] = service
             self.task_roles[model] = task_def.task_role  # type: ignore[assignment]
 
+    def _capacity_release(self, fn: lambda_.IFunction) -> CustomResource:
+        """The custom resource that releases the group on deletion, with the function's rights
+        on this group only (DescribeAutoScalingGroups takes no resource ARN)."""
+        stack = Stack.of(self)
+        group = stack.format_arn(
+            service="autoscaling",
+            resource="autoScalingGroup",
+            resource_name=f"*:autoScalingGroupName/{self.asg.auto_scaling_group_name}",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        iam.Grant.add_to_principal(
+            grantee=fn,
+            actions=["autoscaling:UpdateAutoScalingGroup", "autoscaling:SetInstanceProtection"],
+            resource_arns=[group],
+        )
+        iam.Grant.add_to_principal(
+            grantee=fn, actions=["autoscaling:DescribeAutoScalingGroups"], resource_arns=["*"]
+        )
+        release = CustomResource(
+            self,
+            "CapacityRelease",
+            service_token=fn.function_arn,
+            resource_type="Custom::EcsCapacityRelease",
+            properties={"AutoScalingGroupName": self.asg.auto_scaling_group_name},
+        )
+        release.node.add_dependency(self.asg)
+        release.node.add_dependency(fn)  # its role and policy outlive the release
+        return release
+
+    def services_arn_pattern(self) -> str:
+        """The worker services of this cluster (names from :mod:`asyncinfer.naming`) as one IAM
+        resource pattern: a list of service ARNs would grow with the catalogue."""
+        return Stack.of(self).format_arn(
+            service="ecs",
+            resource="service",
+            resource_name=f"{self.cluster.cluster_name}/{self.prefix}*",
+        )
+
     def grant_describe_services(self, grantee: iam.IGrantable) -> None:
         """Allow ``ecs:DescribeServices`` on this cluster's worker services."""
         iam.Grant.add_to_principal(
             grantee=grantee,
             actions=["ecs:DescribeServices"],
-            resource_arns=[s.service_arn for s in self.services.values()],
+            resource_arns=[self.services_arn_pattern()],
         )
 
     def grant_wake(self, grantee: iam.IGrantable) -> None:
@@ -260,12 +341,8 @@ class EcsWorkers(Construct):
         iam.Grant.add_to_principal(
             grantee=grantee,
             actions=["ecs:DescribeServices", "ecs:UpdateService"],
-            resource_arns=[s.service_arn for s in self.services.values()],
+            resource_arns=[self.services_arn_pattern()],
         )
-
-    def service_names_json(self) -> str:
-        """``{model: service_name}`` as JSON (``ASYNCINFER_ECS_SERVICES``)."""
-        return Stack.of(self).to_json_string({m: s.service_name for m, s in self.services.items()})
 
 
 def image_excludes() -> Sequence[str]:

@@ -4,10 +4,12 @@ Powertools from its published layer, X-Ray tracing, a log group with retention."
 from __future__ import annotations
 
 from collections.abc import Mapping
+from importlib.metadata import version as installed_version
 
-from aws_cdk import Aws, Duration, RemovalPolicy
+from aws_cdk import Aws, CfnMapping, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from infra.lambda_code import stage_lambda_code
@@ -15,18 +17,50 @@ from infra.lambda_code import stage_lambda_code
 #: The Lambda runtime; the Powertools layer is built per Python version (``python312``).
 RUNTIME = lambda_.Runtime.PYTHON_3_12
 ARCHITECTURE = lambda_.Architecture.ARM_64
-#: Account that publishes the Powertools for AWS Lambda (Python) v3 layers (Powertools docs,
-#: "Lambda Layer": arn:aws:lambda:{region}:017000801446:layer:AWSLambdaPowertoolsPythonV3-...).
-POWERTOOLS_ACCOUNT = "017000801446"
+#: Accounts that publish the Powertools for AWS Lambda (Python) v3 layers, per partition
+#: (Powertools docs, "Lambda Layer": arn:aws:lambda:{region}:017000801446:layer:...). Used only
+#: with a pinned ``powertools_layer_version``; other partitions use the SSM parameter (default).
+POWERTOOLS_ACCOUNTS = {"aws": "017000801446"}
+POWERTOOLS_LAYER = "AWSLambdaPowertoolsPythonV3-python312-arm64"
 METRICS_NAMESPACE = "asyncinfer"
 
 
-def powertools_layer_arn(version: int) -> str:
-    """ARN of the published Powertools v3 layer for python3.12/arm64 in the stack's region."""
-    return (
-        f"arn:{Aws.PARTITION}:lambda:{Aws.REGION}:{POWERTOOLS_ACCOUNT}:layer:"
-        f"AWSLambdaPowertoolsPythonV3-python312-arm64:{version}"
-    )
+def powertools_version() -> str:
+    """The installed ``aws-lambda-powertools`` version: the one the tests run, and the one
+    whose layer the functions load by default."""
+    return installed_version("aws-lambda-powertools")
+
+
+def powertools_ssm_parameter(version: str | None = None) -> str:
+    """Powertools' public SSM parameter holding the layer ARN of ``version`` for python3.12 on
+    arm64 in the stack's region and partition (Powertools docs, "Lambda Layer": SSM parameters
+    ``/aws/service/powertools/python/{arch}/{python_version}/{version}``)."""
+    return f"/aws/service/powertools/python/arm64/python3.12/{version or powertools_version()}"
+
+
+def powertools_layer(scope: Construct, pinned_version: int = 0) -> lambda_.ILayerVersion:
+    """The Powertools layer of the stack's functions.
+
+    ``pinned_version`` 0 (default): the layer of the installed Powertools version, resolved at
+    deploy time from Powertools' public SSM parameter, so tests and Lambdas run the same version
+    in every partition and region it is published in. A pinned layer version >= 1: its ARN with
+    the publishing account of the stack's partition (a CloudFormation mapping).
+    """
+    if not pinned_version:
+        arn = ssm.StringParameter.value_for_string_parameter(scope, powertools_ssm_parameter())
+    else:
+        stack = Stack.of(scope)
+        accounts = CfnMapping(
+            stack,
+            "PowertoolsAccounts",
+            mapping={p: {"account": a} for p, a in POWERTOOLS_ACCOUNTS.items()},
+        )
+        account = accounts.find_in_map(Aws.PARTITION, "account")
+        arn = (
+            f"arn:{Aws.PARTITION}:lambda:{Aws.REGION}:{account}:layer:"
+            f"{POWERTOOLS_LAYER}:{pinned_version}"
+        )
+    return lambda_.LayerVersion.from_layer_version_arn(scope, "Powertools", arn)
 
 
 class PythonFunction(Construct):
@@ -44,6 +78,9 @@ class PythonFunction(Construct):
         description: function description.
         vendored: packages copied from the current environment into the code asset (those the
             Powertools layer and the runtime lack).
+        reserved_concurrency: executions reserved for (and the most allowed to) this function;
+            0 or ``None``: none reserved (the account's unreserved pool).
+        tracing: X-Ray active tracing (each trace is billed beyond the free tier).
     """
 
     def __init__(
@@ -61,6 +98,8 @@ class PythonFunction(Construct):
         memory_mib: int = 256,
         description: str = "",
         vendored: tuple[str, ...] = ("ulid",),
+        reserved_concurrency: int | None = None,
+        tracing: bool = True,
     ) -> None:
         super().__init__(scope, id)
         self.log_group = logs.LogGroup(
@@ -72,6 +111,7 @@ class PythonFunction(Construct):
             "POWERTOOLS_LOG_LEVEL": "INFO",
             "POWERTOOLS_LOGGER_LOG_EVENT": "false",
             "POWERTOOLS_TRACER_CAPTURE_RESPONSE": "false",
+            **({} if tracing else {"POWERTOOLS_TRACE_DISABLED": "true"}),
             **environment,
         }
         self.function = lambda_.Function(
@@ -85,7 +125,8 @@ class PythonFunction(Construct):
             timeout=timeout,
             memory_size=memory_mib,
             layers=[layer],
-            tracing=lambda_.Tracing.ACTIVE,
+            tracing=lambda_.Tracing.ACTIVE if tracing else lambda_.Tracing.DISABLED,
+            reserved_concurrent_executions=reserved_concurrency or None,
             log_group=self.log_group,
             logging_format=lambda_.LoggingFormat.JSON,
             description=description or f"asyncinfer {service}",

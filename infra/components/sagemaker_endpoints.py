@@ -3,21 +3,24 @@ worker image (``serve``: GET /ping, POST /invocations on 8080), scaling to zero.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
-from aws_cdk import Acknowledgment, ArnFormat, Duration, Stack, Validations
+from aws_cdk import Acknowledgment, ArnFormat, Duration, RemovalPolicy, Stack, Validations
 from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_destinations as destinations
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
+
+from asyncinfer import naming
+from infra.components.model_scopes import ModelScopes
 
 #: Key prefixes SageMaker writes results and failures under (inside ``outputs/``, which expires).
 OUTPUT_PREFIX = "outputs/sagemaker"
@@ -27,6 +30,15 @@ VARIANT = "AllTraffic"
 #: maximum) and how long an event may wait, before it goes to the failure destination.
 COMPLETION_RETRY_ATTEMPTS = 2
 COMPLETION_MAX_EVENT_AGE = Duration.hours(6)
+#: Key prefixes the endpoints read request payloads from: ``inputs/`` (the bridge writes inline
+#: inputs there) and ``uploads/`` (``POST /v1/uploads`` objects that the bridge passes through).
+INPUT_PREFIXES = ("inputs/*", "uploads/*")
+#: Application Auto Scaling's service-linked role for SageMaker variants (Application Auto
+#: Scaling user guide, "Service-linked roles"); created on first use of the service.
+SAGEMAKER_SCALING_ROLE = (
+    "aws-service-role/sagemaker.application-autoscaling.amazonaws.com/"
+    "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint"
+)
 
 
 def endpoint_metric(name: str, endpoint_name: str) -> cloudwatch.Metric:
@@ -40,10 +52,9 @@ def endpoint_metric(name: str, endpoint_name: str) -> cloudwatch.Metric:
     )
 
 
-def endpoint_name_for(stack_name: str, model: str) -> str:
-    """A valid, lower-case endpoint name (``^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}``)."""
-    raw = re.sub(r"[^a-z0-9]+", "-", f"{stack_name}-{model}".lower()).strip("-")
-    return raw[:63].rstrip("-")
+def endpoint_name_for(prefix: str, model: str) -> str:
+    """A valid, lower-case endpoint name (:func:`asyncinfer.naming.endpoint_name`)."""
+    return naming.endpoint_name(prefix, model)
 
 
 class SageMakerEndpoints(Construct):
@@ -59,13 +70,18 @@ class SageMakerEndpoints(Construct):
     Args:
         image: the worker image asset.
         models: model ids.
-        bucket: data bucket (inputs read, outputs and failures written).
+        prefix: the deployment's resource prefix (endpoint names, :mod:`asyncinfer.naming`).
+        bucket: data bucket (``inputs/`` and ``uploads/`` read, outputs and failures written).
         success_topic / error_topic: SageMaker notification topics.
         environment: ``ASYNCINFER_*`` settings for the container.
         instance_type: SageMaker instance type (``ml.`` prefix).
         max_workers: most instances per endpoint.
         backlog_per_worker: target of ApproximateBacklogSizePerInstance.
         max_concurrent_invocations: MaxConcurrentInvocationsPerInstance (1..1000).
+        log_retention / removal_policy: of the endpoints' log groups
+            (``/aws/sagemaker/Endpoints/<name>``), created here so that they have a retention
+            (SageMaker would create them without one).
+        scopes: where each model's resources go (default: here).
     """
 
     def __init__(
@@ -75,6 +91,7 @@ class SageMakerEndpoints(Construct):
         *,
         image: ecr_assets.DockerImageAsset,
         models: list[str],
+        prefix: str,
         bucket: s3.IBucket,
         success_topic: sns.ITopic,
         error_topic: sns.ITopic,
@@ -83,6 +100,9 @@ class SageMakerEndpoints(Construct):
         max_workers: int,
         backlog_per_worker: int,
         max_concurrent_invocations: int,
+        log_retention: logs.RetentionDays,
+        removal_policy: RemovalPolicy = RemovalPolicy.DESTROY,
+        scopes: ModelScopes | None = None,
     ) -> None:
         super().__init__(scope, id)
         stack = Stack.of(self)
@@ -93,7 +113,8 @@ class SageMakerEndpoints(Construct):
             description="asyncinfer SageMaker async endpoints",
         )
         image.repository.grant_pull(self.role)
-        bucket.grant_read(self.role, "inputs/*")
+        for objects in INPUT_PREFIXES:
+            bucket.grant_read(self.role, objects)
         bucket.grant_put(self.role, "outputs/*")
         success_topic.grant_publish(self.role)
         error_topic.grant_publish(self.role)
@@ -126,10 +147,26 @@ class SageMakerEndpoints(Construct):
         )
         self.endpoint_names: dict[str, str] = {}
         self.endpoints: dict[str, sagemaker.CfnEndpoint] = {}
+        self.log_groups: dict[str, logs.LogGroup] = {}
+        scaling_role = iam.Role.from_role_arn(
+            self,
+            "ScalingRole",
+            stack.format_arn(
+                service="iam", region="", resource="role", resource_name=SAGEMAKER_SCALING_ROLE
+            ),
+        )
         for model in models:
-            name = endpoint_name_for(stack.stack_name, model)
+            sc = scopes.of(self, model) if scopes else self
+            name = endpoint_name_for(prefix, model)
+            self.log_groups[model] = logs.LogGroup(
+                sc,
+                f"{model}-logs",
+                log_group_name=f"/aws/sagemaker/Endpoints/{name}",
+                retention=log_retention,
+                removal_policy=removal_policy,
+            )
             cfn_model = sagemaker.CfnModel(
-                self,
+                sc,
                 f"{model}-model",
                 execution_role_arn=self.role.role_arn,
                 primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
@@ -143,7 +180,7 @@ class SageMakerEndpoints(Construct):
             )
             cfn_model.node.add_dependency(self.role)
             config = sagemaker.CfnEndpointConfig(
-                self,
+                sc,
                 f"{model}-config",
                 production_variants=[
                     sagemaker.CfnEndpointConfig.ProductionVariantProperty(
@@ -169,19 +206,21 @@ class SageMakerEndpoints(Construct):
                 ),
             )
             endpoint = sagemaker.CfnEndpoint(
-                self,
+                sc,
                 f"{model}-endpoint",
                 endpoint_name=name,
                 endpoint_config_name=config.attr_endpoint_config_name,
             )
+            endpoint.node.add_dependency(self.log_groups[model])
             target = appscaling.ScalableTarget(
-                self,
+                sc,
                 f"{model}-scaling",
                 service_namespace=appscaling.ServiceNamespace.SAGEMAKER,
                 resource_id=f"endpoint/{name}/variant/{VARIANT}",
                 scalable_dimension="sagemaker:variant:DesiredInstanceCount",
                 min_capacity=0,
                 max_capacity=max_workers,
+                role=scaling_role,
             )
             target.node.add_dependency(endpoint)
             target.scale_to_track_metric(
@@ -262,6 +301,3 @@ class SageMakerEndpoints(Construct):
         self.completion_failures = queue
         return queue
 
-    def endpoint_names_json(self) -> str:
-        """``{model: endpoint_name}`` as JSON (``ASYNCINFER_SAGEMAKER_ENDPOINTS``)."""
-        return Stack.of(self).to_json_string(self.endpoint_names)

@@ -81,13 +81,23 @@ class DataBucket(Construct):
     Args:
         expiry_days: days after creation that objects under the expiring prefixes are deleted.
         removal_policy: RETAIN keeps the buckets when the stack is deleted.
+        auto_delete_objects: empty the buckets when the stack is deleted (CDK's auto-delete
+            custom resource), so that deleting a stack that does not retain its data succeeds:
+            CloudFormation cannot delete a bucket that holds objects.
     """
 
     def __init__(
-        self, scope: Construct, id: str, *, expiry_days: int, removal_policy: RemovalPolicy
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        expiry_days: int,
+        removal_policy: RemovalPolicy,
+        auto_delete_objects: bool = False,
     ) -> None:
         super().__init__(scope, id)
         common = {
+            "auto_delete_objects": auto_delete_objects,
             "encryption": s3.BucketEncryption.S3_MANAGED,
             "block_public_access": s3.BlockPublicAccess.BLOCK_ALL,
             "enforce_ssl": True,

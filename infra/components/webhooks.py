@@ -58,7 +58,7 @@ SECRETS_KEY_ADMIN_ACTIONS = (
 SECRETS_CONDITION = {
     "StringEquals": {f"kms:EncryptionContext:{secrets.PURPOSE_KEY}": secrets.PURPOSE}
 }
-#: Default reserved concurrency of the dispatcher (deploy setting ``webhook_reserved_concurrency``).
+#: Default reserved concurrency of the dispatcher (setting ``webhooks_reserved_concurrency``).
 DEFAULT_RESERVED_CONCURRENCY = 10
 #: Packages the dispatcher imports at run time beyond the Powertools layer.
 VENDORED = (

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from asyncinfer.observability import NAMESPACE, instrument, powertools
+from asyncinfer import job_metrics
+from asyncinfer.observability import instrument, powertools
 from asyncinfer.sagemaker.completion import Completion
 
 logger, tracer, metrics = powertools("sagemaker-completion")
@@ -16,9 +16,10 @@ _completion: Completion | None = None
 
 
 def emit(name: str, value: float, unit: str, model: str) -> None:
-    """One EMF metric with the ``Model`` dimension (the dashboard's job metrics)."""
-    with single_metric(name=name, unit=MetricUnit(unit), value=value, namespace=NAMESPACE) as m:
-        m.add_dimension(name="Model", value=model)
+    """One job metric with the ``Model`` dimension only (:mod:`asyncinfer.job_metrics`): the
+    metric the failure-rate alarm and the dashboard read. Powertools' ``single_metric`` would add
+    its ``service`` dimension here, making a metric those never see."""
+    job_metrics.emit(name, value, unit, model)
 
 
 @instrument(logger, tracer, metrics)

@@ -16,8 +16,10 @@ CloudWatch Embedded Metric Format lines on stdout, so the Lambda needs no PutMet
 * ``BacklogWithoutCapacity`` (Count): 1 when Backlog > 0 and tasks == 0, else 0;
 * ``RunningTasks`` (Count): the service's runningCount.
 
-Environment: ``ASYNCINFER_QUEUE_URLS`` (JSON {model: url}), ``ASYNCINFER_ECS_CLUSTER``,
-``ASYNCINFER_ECS_SERVICES`` (JSON {model: service name}), ``AWS_REGION``.
+Environment (read by :mod:`asyncinfer.settings`): the queue URLs (``ASYNCINFER_QUEUE_URLS``, or
+``ASYNCINFER_RESOURCE_PREFIX`` with ``ASYNCINFER_QUEUE_URL_BASE`` and ``ASYNCINFER_MODELS``),
+``ASYNCINFER_ECS_CLUSTER``, the service names (``ASYNCINFER_ECS_SERVICES``, or the naming rule
+with ``ASYNCINFER_COMPUTE=ecs``), ``AWS_REGION``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncinfer.errors import ConfigError
 from asyncinfer.scaling import policy
 
 NAMESPACE = "asyncinfer"
@@ -48,20 +49,17 @@ class BacklogConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> BacklogConfig:
-        """Read the configuration from the environment (see the module docstring)."""
-        env = os.environ if env is None else env
-        try:
-            queues = json.loads(env.get("ASYNCINFER_QUEUE_URLS") or "{}")
-            services = json.loads(env.get("ASYNCINFER_ECS_SERVICES") or "{}")
-        except ValueError as exc:
-            raise ConfigError(f"malformed backlog configuration: {exc}") from None
-        if not isinstance(queues, dict) or not isinstance(services, dict):
-            raise ConfigError("ASYNCINFER_QUEUE_URLS and ASYNCINFER_ECS_SERVICES must be objects")
+        """Read the configuration through :class:`asyncinfer.settings.Settings` (queue URLs
+        and service names from the explicit maps or the naming rule; see the module
+        docstring). Raises :class:`ConfigError` for malformed settings."""
+        from asyncinfer.settings import Settings
+
+        settings = Settings.from_env(os.environ if env is None else env)
         return cls(
-            queue_urls={str(k): str(v) for k, v in queues.items()},
-            cluster=env.get("ASYNCINFER_ECS_CLUSTER", ""),
-            services={str(k): str(v) for k, v in services.items()},
-            region=env.get("AWS_REGION") or None,
+            queue_urls=dict(settings.queue_urls),
+            cluster=settings.ecs_cluster,
+            services=dict(settings.ecs_services),
+            region=settings.region,
         )
 
 

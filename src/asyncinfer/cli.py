@@ -1,5 +1,6 @@
 """The ``asyncinfer`` command: ``local`` (the local stack), ``worker`` (one worker process),
-``prepare`` (convert model checkpoints once), and the client commands (``submit``, ``get``,
+``prepare`` (convert model checkpoints once), ``preflight`` (check an AWS account before a first
+``cdk deploy``, :mod:`asyncinfer.preflight`), and the client commands (``submit``, ``get``,
 ``wait``, ``cancel``, ``ls``, ``batch``, ``models``, ``webhook-secret``, ``verify-webhook``; see
 :mod:`asyncinfer.client._cli` for their output and exit codes)."""
 
@@ -55,6 +56,12 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _preflight(args: argparse.Namespace) -> int:
+    from asyncinfer.preflight import main as preflight_main
+
+    return preflight_main(args.context or [], region=args.region)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     p = argparse.ArgumentParser(prog="asyncinfer", description="Asynchronous model inference")
@@ -100,6 +107,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     pp = sub.add_parser("prepare", help="convert the SmolLM2 GGUF file to a cached checkpoint")
     pp.set_defaults(func=_prepare)
+
+    fp = sub.add_parser(
+        "preflight",
+        help="check the account before a first cdk deploy (quotas, roles, bootstrap, Docker)",
+    )
+    fp.add_argument(
+        "-c",
+        dest="context",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a CDK context setting, as given to cdk deploy (run from the checkout)",
+    )
+    fp.add_argument("--region", default=None, help="region (default: the AWS configuration's)")
+    fp.set_defaults(func=_preflight)
 
     from asyncinfer.client._cli import add_commands
 

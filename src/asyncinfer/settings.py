@@ -7,6 +7,12 @@ Environment variables (all optional unless a component needs the resource):
 ``ASYNCINFER_BUCKET``               S3 bucket for large inputs and outputs
 ``ASYNCINFER_TOPIC_ARN``            SNS topic of job events
 ``ASYNCINFER_QUEUE_URLS``           JSON ``{model: url, "<model>#high": url, "<model>#low": url}``
+                                    (the local stack); in AWS the naming rule below instead
+``ASYNCINFER_RESOURCE_PREFIX``      the deployment's resource prefix (:mod:`asyncinfer.naming`):
+                                    queue URLs, ECS service and SageMaker endpoint names of
+                                    every model are derived from it, so the environment's size
+                                    does not grow with the catalogue
+``ASYNCINFER_QUEUE_URL_BASE``       ``https://sqs.<region>.<suffix>/<account>/`` (with the above)
 ``ASYNCINFER_MODELS``               comma list of deployed model ids (default: keys of the above)
 ``ASYNCINFER_MAX_RECEIVE_COUNT``    SQS maxReceiveCount of every queue's redrive policy (3)
 ``ASYNCINFER_VISIBILITY_TIMEOUT``   visibility timeout, seconds, the worker keeps extending (120)
@@ -45,8 +51,10 @@ Environment variables (all optional unless a component needs the resource):
 ``ASYNCINFER_WEBHOOK_RETRY_WINDOW`` seconds a webhook event is retried before its DLQ (86400)
 ``ASYNCINFER_COMPUTE``              ``ecs`` or ``sagemaker`` in AWS (workers then emit EMF metrics)
 ``ASYNCINFER_ECS_CLUSTER``          ECS cluster of the worker services (wake on submit, backlog)
-``ASYNCINFER_ECS_SERVICES``         JSON ``{model_id: ECS service name}`` (wake on submit, backlog)
-``ASYNCINFER_SAGEMAKER_ENDPOINTS``  JSON ``{model_id: endpoint name}`` (bridge, wake on submit)
+``ASYNCINFER_ECS_SERVICES``         JSON ``{model_id: ECS service name}`` (wake on submit, backlog;
+                                    default with the prefix and ``compute=ecs``: the naming rule)
+``ASYNCINFER_SAGEMAKER_ENDPOINTS``  JSON ``{model_id: endpoint name}`` (bridge, wake on submit;
+                                    default with the prefix and ``compute=sagemaker``: the rule)
 ``ASYNCINFER_WAKE_CACHE_SECONDS``   how long wake-on-submit trusts "not at zero", seconds (30)
 ``AWS_ENDPOINT_URL``                AWS endpoint (the local stack's emulator); unset in AWS
 ``AWS_REGION``                      region (us-east-1)
@@ -65,6 +73,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from asyncinfer import naming
 from asyncinfer.errors import ConfigError
 
 #: The inline limit of outputs in the job object, bytes of JSON (spec: "at most 64 KB").
@@ -81,6 +90,8 @@ class Settings(BaseModel):
     bucket: str = ""
     topic_arn: str = ""
     queue_urls: dict[str, str] = Field(default_factory=dict)
+    resource_prefix: str = ""
+    queue_url_base: str = ""
     models: list[str] = Field(default_factory=list)
     max_receive_count: int = 3
     visibility_timeout_seconds: int = 120
@@ -168,6 +179,8 @@ class Settings(BaseModel):
         take("ASYNCINFER_TABLE", "table_name")
         take("ASYNCINFER_BUCKET", "bucket")
         take("ASYNCINFER_TOPIC_ARN", "topic_arn")
+        take("ASYNCINFER_RESOURCE_PREFIX", "resource_prefix")
+        take("ASYNCINFER_QUEUE_URL_BASE", "queue_url_base")
         take("ASYNCINFER_MAX_RECEIVE_COUNT", "max_receive_count", int)
         take("ASYNCINFER_VISIBILITY_TIMEOUT", "visibility_timeout_seconds", int)
         take("ASYNCINFER_HEARTBEAT_SECONDS", "heartbeat_seconds", float)
@@ -229,9 +242,34 @@ class Settings(BaseModel):
         else:
             urls: Any = values.get("queue_urls", {})
             values["models"] = [m for m in urls if "#" not in m]
+        prefix = str(values.get("resource_prefix", ""))
+        if prefix:
+            _derive_names(values, prefix, problems)
         if problems:
             raise ConfigError("; ".join(problems))
         return cls.model_validate(values)
+
+
+def _derive_names(values: dict[str, Any], prefix: str, problems: list[str]) -> None:
+    """Fill the queue URLs, ECS service and SageMaker endpoint names that the environment does
+    not give explicitly from the naming rule (:mod:`asyncinfer.naming`)."""
+    models: list[str] = list(values.get("models") or [])
+    if not models:
+        problems.append("ASYNCINFER_RESOURCE_PREFIX needs ASYNCINFER_MODELS")
+        return
+    base = str(values.get("queue_url_base", ""))
+    if not values.get("queue_urls"):
+        if not base.endswith("/"):
+            problems.append(
+                "ASYNCINFER_RESOURCE_PREFIX needs ASYNCINFER_QUEUE_URL_BASE ending in '/'"
+            )
+        else:
+            values["queue_urls"] = naming.queue_urls(base, prefix, models)
+    compute = values.get("compute")
+    if compute == "ecs" and not values.get("ecs_services"):
+        values["ecs_services"] = {m: naming.ecs_service_name(prefix, m) for m in models}
+    if compute == "sagemaker" and not values.get("sagemaker_endpoints"):
+        values["sagemaker_endpoints"] = {m: naming.endpoint_name(prefix, m) for m in models}
 
 
 @lru_cache(maxsize=1)

@@ -3,9 +3,12 @@ AwsSolutions checks applied in the same synth. No Docker, no AWS credentials nee
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,19 +53,68 @@ class Synth:
     validation_error: str | None
 
     def resources(self, rtype: str) -> dict[str, dict[str, Any]]:
-        """Logical id -> resource of type ``rtype`` (ids are keys only, never matched)."""
-        return {k: v for k, v in self.template["Resources"].items() if v["Type"] == rtype}
+        """Logical id -> resource of type ``rtype`` (ids are keys only, never matched), in the
+        stack and in its nested stacks (a large catalogue's models)."""
+        out = {k: v for k, v in self.template["Resources"].items() if v["Type"] == rtype}
+        for i, nested in enumerate(self.nested_templates()):
+            for k, v in nested["Resources"].items():
+                if v["Type"] == rtype:
+                    out[f"nested{i}/{k}"] = v
+        return out
+
+    def nested_templates(self) -> list[dict[str, Any]]:
+        """The templates of the stack's nested stacks (none for the default catalogue)."""
+        return [
+            json.loads(p.read_text()) for p in sorted(self.outdir.glob("*.nested.template.json"))
+        ]
 
     def props(self, rtype: str) -> list[dict[str, Any]]:
         """The Properties of every resource of type ``rtype``."""
         return [r.get("Properties", {}) for r in self.resources(rtype).values()]
 
 
+#: A 50-model catalogue (ids as long as real ones), for the limits that grow with models.
+CATALOGUE_50 = [f"org-model-family-v{i:02d}-instruct" for i in range(50)]
+
+#: Variants synthesized once each: the 50-model catalogue in both modes, with the non-default
+#: settings (data not retained, SSM access, no dashboard, pinned Powertools layer) on the ECS one.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "ecs-50": {
+        "compute": "ecs",
+        "models": ",".join(CATALOGUE_50),
+        "retain_data": "false",
+        "instance_ssm_access": "true",
+        "dashboard": "false",
+        "powertools_layer_version": "27",
+    },
+    "sagemaker-50": {
+        "compute": "sagemaker",
+        "models": ",".join(CATALOGUE_50),
+        "alarm_email": "ops@example.com",
+    },
+}
+
 _cache: dict[str, Synth] = {}
 
 
+@contextmanager
+def catalogue(models: list[str]) -> Iterator[None]:
+    """Register ``models`` (copies of the echo model's spec) for the duration of a synth."""
+    from asyncinfer.models.registry import MODELS
+
+    added = [m for m in models if m not in MODELS]
+    for m in added:
+        MODELS[m] = dataclasses.replace(MODELS["echo"], id=m)
+    try:
+        yield
+    finally:
+        for m in added:
+            del MODELS[m]
+
+
 def synth(mode: str, outdir: Path) -> Synth:
-    """Synthesize ``mode`` once per session (with AwsSolutionsChecks)."""
+    """Synthesize ``mode`` (a key of :data:`MODES` or :data:`VARIANTS`) once per session (with
+    AwsSolutionsChecks)."""
     if mode in _cache:
         return _cache[mode]
     import aws_cdk as cdk
@@ -71,9 +123,11 @@ def synth(mode: str, outdir: Path) -> Synth:
 
     from infra.app import build_app, feature_flags
 
-    context = {**feature_flags(), "worker_dockerfile": DOCKERFILE, **MODES[mode]}
+    settings = MODES.get(mode) or VARIANTS[mode]
+    context = {**feature_flags(), "worker_dockerfile": DOCKERFILE, **settings}
     app = cdk.App(context=context, outdir=str(outdir))
-    _, stack = build_app(app)
+    with catalogue(CATALOGUE_50 if mode in VARIANTS else []):
+        _, stack = build_app(app)
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     error = None
     try:
@@ -107,4 +161,22 @@ def sagemaker(tmp_path_factory: pytest.TempPathFactory) -> Synth:
 @pytest.fixture(scope="session", params=sorted(MODES))
 def any_mode(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Synth:
     """Both modes, one after the other (the properties every deployment has)."""
+    return synth(request.param, tmp_path_factory.mktemp(f"cdk-{request.param}"))
+
+
+@pytest.fixture(scope="session")
+def ecs50(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """ECS mode, 50 models, data not retained, SSM access, no dashboard, pinned layer."""
+    return synth("ecs-50", tmp_path_factory.mktemp("cdk-ecs-50"))
+
+
+@pytest.fixture(scope="session")
+def sagemaker50(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """SageMaker mode, 50 models."""
+    return synth("sagemaker-50", tmp_path_factory.mktemp("cdk-sagemaker-50"))
+
+
+@pytest.fixture(scope="session", params=["ecs", "sagemaker", "ecs-50", "sagemaker-50"])
+def every_synth(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """Both modes with the default catalogue and with 50 models."""
     return synth(request.param, tmp_path_factory.mktemp(f"cdk-{request.param}"))

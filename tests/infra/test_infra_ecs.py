@@ -48,7 +48,7 @@ def test_one_worker_service_per_model_with_a_gpu_each(ecs: Any) -> None:
         assert c["StopTimeout"] == 120
         env = {e["Name"]: e["Value"] for e in c["Environment"]}
         assert float(env["ASYNCINFER_DRAIN_SECONDS"]) < c["StopTimeout"]
-        assert "ASYNCINFER_QUEUE_URLS" in env and "ASYNCINFER_TABLE" in env
+        assert "ASYNCINFER_RESOURCE_PREFIX" in env and "ASYNCINFER_TABLE" in env
     assert commands == {f"worker --model {m}" for m in MODELS}
 
 
@@ -108,9 +108,13 @@ def test_backlog_metric_lambda_runs_every_minute(ecs: Any) -> None:
         == "backlog-metric"
     )
     env = fn["Environment"]["Variables"]
-    assert {"ASYNCINFER_ECS_CLUSTER", "ASYNCINFER_ECS_SERVICES", "ASYNCINFER_QUEUE_URLS"} <= set(
-        env
-    )
+    assert {
+        "ASYNCINFER_ECS_CLUSTER",
+        "ASYNCINFER_RESOURCE_PREFIX",
+        "ASYNCINFER_QUEUE_URL_BASE",
+        "ASYNCINFER_MODELS",
+    } <= set(env)
+    assert env["ASYNCINFER_COMPUTE"] == "ecs"
     statements = [
         st for p in ecs.props("AWS::IAM::Policy") for st in p["PolicyDocument"]["Statement"]
     ]

@@ -7,7 +7,16 @@ from typing import Any
 
 from aws_cdk.assertions import Match
 
+from asyncinfer import naming
 from asyncinfer.models.registry import MODELS
+from asyncinfer.settings import Settings
+
+
+def _resolved(env: dict[str, Any]) -> dict[str, str]:
+    """The plain-string values of a template environment (tokens left out)."""
+    return {k: v for k, v in env.items() if isinstance(v, str)} | {
+        "ASYNCINFER_QUEUE_URL_BASE": "https://sqs.us-east-1.amazonaws.com/123456789012/"
+    }
 
 
 def _policy_statements(s: Any, rtype: str) -> list[dict[str, Any]]:
@@ -97,9 +106,12 @@ def test_each_model_has_a_queue_per_priority_class_sharing_one_dlq(any_mode: Any
     targets = {json.dumps(p["RedrivePolicy"]["deadLetterTargetArn"]) for p in redriven}
     assert len(redriven) == 3 * len(models)
     assert len(targets) == len(models)
-    urls = json.dumps(api_env["ASYNCINFER_QUEUE_URLS"])
+    # The queues are named by the rule the code derives their URLs from (asyncinfer.naming).
+    prefix = api_env["ASYNCINFER_RESOURCE_PREFIX"]
+    names = {p["QueueName"] for p in redriven}
     for model in models:
-        assert f"{model}#high" in urls and f"{model}#low" in urls
+        assert naming.queue_name(prefix, model, "high") in names
+        assert naming.queue_name(prefix, model, "low") in names
 
 
 def test_expiry_sweeper_runs_every_minute(any_mode: Any) -> None:
@@ -244,11 +256,13 @@ def test_lambdas_use_powertools_layer_tracing_and_settings(any_mode: Any) -> Non
         assert f["Runtime"] == "python3.12"
         assert f["TracingConfig"] == {"Mode": "Active"}
         layer = any_mode.stack.resolve(f["Layers"][0]) if f.get("Layers") else None
-        assert "AWSLambdaPowertoolsPythonV3-python312-arm64" in str(layer)
+        # The layer ARN comes from Powertools' SSM parameter of the python312/arm64 build.
+        param = any_mode.template["Parameters"][layer["Ref"]]
+        assert param["Default"].startswith("/aws/service/powertools/python/arm64/python3.12/")
         env = f["Environment"]["Variables"]
         assert env["POWERTOOLS_SERVICE_NAME"]
         assert env["POWERTOOLS_METRICS_NAMESPACE"] == "asyncinfer"
-        assert "ASYNCINFER_QUEUE_URLS" in env
+        assert "ASYNCINFER_RESOURCE_PREFIX" in env and "ASYNCINFER_QUEUE_URL_BASE" in env
     api = next(f for f in fns if f["Environment"]["Variables"]["POWERTOOLS_SERVICE_NAME"] == "api")
     for var in (
         "ASYNCINFER_TABLE",
@@ -331,11 +345,18 @@ def test_api_can_wake_a_backend_at_zero(any_mode: Any) -> None:
     )
     env = api["Environment"]["Variables"]
     statements = json.dumps([p["PolicyDocument"] for p in any_mode.props("AWS::IAM::Policy")])
+    # Service and endpoint names follow from the prefix and the compute mode (asyncinfer.naming).
+    settings = Settings.from_env(_resolved(env))
     if any_mode.mode == "ecs":
-        assert {"ASYNCINFER_ECS_CLUSTER", "ASYNCINFER_ECS_SERVICES"} <= set(env)
+        assert {"ASYNCINFER_ECS_CLUSTER", "ASYNCINFER_RESOURCE_PREFIX"} <= set(env)
+        assert settings.ecs_services and set(settings.ecs_services) == set(MODELS)
+        services = {s["ServiceName"] for s in any_mode.props("AWS::ECS::Service")}
+        assert set(settings.ecs_services.values()) == services
         assert "ecs:UpdateService" in statements
     else:
-        assert "ASYNCINFER_SAGEMAKER_ENDPOINTS" in env
+        assert env["ASYNCINFER_COMPUTE"] == "sagemaker"
+        endpoints = {e["EndpointName"] for e in any_mode.props("AWS::SageMaker::Endpoint")}
+        assert set(settings.sagemaker_endpoints.values()) == endpoints
         assert "sagemaker:UpdateEndpointWeightsAndCapacities" in statements
 
 

@@ -139,14 +139,14 @@ def test_webhook_queue_and_timeout_are_the_local_stacks(any_mode: Any) -> None:
 
 @pytest.mark.parametrize("value", [-1, 1, 1001, "x"])
 def test_reserved_concurrency_setting_is_validated(value: Any) -> None:
-    with pytest.raises(DeployConfigError, match="webhook_reserved_concurrency"):
-        load_config({"webhook_reserved_concurrency": value})
+    with pytest.raises(DeployConfigError, match="webhooks_reserved_concurrency"):
+        load_config({"webhooks_reserved_concurrency": value})
 
 
 def test_reserved_concurrency_setting_default_and_override() -> None:
-    assert load_config({}).webhook_reserved_concurrency == DEFAULT_RESERVED_CONCURRENCY
-    assert load_config({"webhook_reserved_concurrency": "25"}).webhook_reserved_concurrency == 25
-    assert load_config({"webhook_reserved_concurrency": 0}).webhook_reserved_concurrency == 0
+    assert load_config({}).webhooks_reserved_concurrency == DEFAULT_RESERVED_CONCURRENCY
+    assert load_config({"webhooks_reserved_concurrency": "25"}).webhooks_reserved_concurrency == 25
+    assert load_config({"webhooks_reserved_concurrency": 0}).webhooks_reserved_concurrency == 0
 
 
 def test_no_reservation_when_set_to_zero() -> None:

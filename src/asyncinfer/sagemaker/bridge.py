@@ -31,8 +31,6 @@ From then on SageMaker holds the request; :mod:`asyncinfer.sagemaker.completion`
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -40,7 +38,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from asyncinfer import clients, lifecycle
-from asyncinfer.errors import ConfigError, TransitionRefused
+from asyncinfer.errors import TransitionRefused
 from asyncinfer.leases import take_back
 from asyncinfer.messages import JobMessage
 from asyncinfer.payloads import PayloadStore, dumps
@@ -75,18 +73,6 @@ def parse_inference_id(value: str) -> tuple[str, int | None]:
 def clamp(value: float, low: int, high: int) -> int:
     """``value`` rounded down and limited to ``low..high``."""
     return max(low, min(high, int(value)))
-
-
-def endpoint_names_from_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``ASYNCINFER_SAGEMAKER_ENDPOINTS`` (JSON {model: endpoint name})."""
-    env = os.environ if env is None else env
-    try:
-        names = json.loads(env.get("ASYNCINFER_SAGEMAKER_ENDPOINTS") or "{}")
-    except ValueError:
-        raise ConfigError("ASYNCINFER_SAGEMAKER_ENDPOINTS is not JSON") from None
-    if not isinstance(names, dict):
-        raise ConfigError("ASYNCINFER_SAGEMAKER_ENDPOINTS must be a JSON object")
-    return {str(k): str(v) for k, v in names.items()}
 
 
 class Bridge:
@@ -131,8 +117,11 @@ class Bridge:
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> Bridge:
-        """Build from the environment (:meth:`Settings.from_env` and the endpoint names)."""
-        return cls(settings=Settings.from_env(), endpoints=endpoint_names_from_env(), **kwargs)
+        """Build from the environment (:meth:`Settings.from_env`; the endpoint names are
+        ``Settings.sagemaker_endpoints``: ``ASYNCINFER_SAGEMAKER_ENDPOINTS`` where given, else the
+        naming rule of :mod:`asyncinfer.naming`, as the CDK app names them)."""
+        settings = Settings.from_env()
+        return cls(settings=settings, endpoints=dict(settings.sagemaker_endpoints), **kwargs)
 
     def handle_sqs_event(self, event: Mapping[str, Any]) -> dict[str, Any]:
         """Handle an SQS batch; returns the partial batch response (``batchItemFailures``)."""

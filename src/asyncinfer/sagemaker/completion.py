@@ -24,7 +24,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from asyncinfer import lifecycle
+from asyncinfer import job_metrics, lifecycle
 from asyncinfer.errors import TransitionRefused
 from asyncinfer.payloads import PayloadStore, dumps
 from asyncinfer.sagemaker.bridge import parse_inference_id
@@ -180,13 +180,14 @@ class Completion:
         if self.emit is not None:
             model = str(new.get("model", ""))
             if to != lifecycle.CANCELLED:
-                self.emit(
-                    "JobsSucceeded" if to == lifecycle.SUCCEEDED else "JobsFailed",
-                    1,
-                    "Count",
-                    model,
+                name = (
+                    job_metrics.JOBS_SUCCEEDED
+                    if to == lifecycle.SUCCEEDED
+                    else job_metrics.JOBS_FAILED
                 )
+                self.emit(name, 1, job_metrics.UNITS[name], model)
             if new.get("started_at"):
                 run = (parse(fields["completed_at"]) - parse(new["started_at"])).total_seconds()
-                self.emit("RunSeconds", run, "Seconds", model)
+                rs = job_metrics.RUN_SECONDS
+                self.emit(rs, run, job_metrics.UNITS[rs], model)
         return job_id, to
