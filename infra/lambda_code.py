@@ -2,8 +2,11 @@
 Docker, no pip download. Each asset directory holds
 
 * ``asyncinfer/``: the shared package from ``src/`` (without caches);
-* the ``ulid`` package (python-ulid; pure Python) copied from the current environment, because the
-  Powertools layer does not ship it;
+* the ``ulid`` package (python-ulid; pure Python) and ``yaml`` (PyYAML, which the model
+  catalogue needs; its optional C extension is skipped, the pure-Python loader runs) copied from
+  the current environment, because the Powertools layer does not ship them;
+* the default model catalogue, ``asyncinfer/models/models.yaml`` (in the repository a link to the
+  root ``models.yaml``; copied here as a file);
 * the files of ``lambdas/<name>/`` at the top level, so the handler is ``app.handler``.
 
 Powertools, pydantic and the X-Ray SDK come from the published Powertools Lambda layer; boto3
@@ -20,6 +23,10 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".mypy_cache", ".ruff_cache")
+#: Packages every asset gets: the shared package imports them at module level (pure-Python
+#: fallbacks only).
+ALWAYS_VENDORED = ("yaml",)
+_IGNORE_VENDORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", "*.so")
 _staged: dict[str, Path] = {}
 _root: Path | None = None
 
@@ -61,6 +68,10 @@ def stage_lambda_code(name: str, *, vendored: tuple[str, ...] = ("ulid",)) -> st
     shutil.copytree(REPO_ROOT / "src" / "asyncinfer", out / "asyncinfer", ignore=_IGNORE)
     for module in vendored:
         shutil.copytree(_package_dir(module), out / module, ignore=_IGNORE)
+    for module in ALWAYS_VENDORED:
+        if module not in vendored:
+            # Its compiled extension is built for this machine, not for Lambda's (arm64, 3.12).
+            shutil.copytree(_package_dir(module), out / module, ignore=_IGNORE_VENDORED)
     for item in sorted(src.iterdir()):
         if item.name in ("__pycache__",) or item.suffix in (".pyc",):
             continue

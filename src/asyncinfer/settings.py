@@ -8,6 +8,8 @@ Environment variables (all optional unless a component needs the resource):
 ``ASYNCINFER_TOPIC_ARN``            SNS topic of job events
 ``ASYNCINFER_QUEUE_URLS``           JSON ``{model: url, "<model>#high": url, "<model>#low": url}``
 ``ASYNCINFER_MODELS``               comma list of deployed model ids (default: keys of the above)
+``ASYNCINFER_MODELS_FILE``          the model catalogue, ``models.yaml`` (spec ``models.md``);
+                                    default: the project's (packaged with asyncinfer)
 ``ASYNCINFER_MAX_RECEIVE_COUNT``    SQS maxReceiveCount of every queue's redrive policy (3)
 ``ASYNCINFER_VISIBILITY_TIMEOUT``   visibility timeout, seconds, the worker keeps extending (120)
 ``ASYNCINFER_HEARTBEAT_SECONDS``    heartbeat interval, seconds (default visibility timeout / 3)
@@ -72,6 +74,7 @@ class Settings(BaseModel):
     topic_arn: str = ""
     queue_urls: dict[str, str] = Field(default_factory=dict)
     models: list[str] = Field(default_factory=list)
+    models_file: Path | None = None
     max_receive_count: int = 3
     visibility_timeout_seconds: int = 120
     heartbeat_seconds: float = 0.0
@@ -164,6 +167,7 @@ class Settings(BaseModel):
         take("ASYNCINFER_INLINE_INPUT_BYTES", "inline_input_limit_bytes", int)
         take("ASYNCINFER_RECORD_RETENTION", "record_retention_seconds", int)
         take("ASYNCINFER_MODEL_CACHE", "model_cache_dir", Path)
+        take("ASYNCINFER_MODELS_FILE", "models_file", Path)
         take("ASYNCINFER_MAX_BATCH_SIZE", "max_batch_size", int)
         take("ASYNCINFER_MAX_WAIT_MS", "max_wait_ms", float)
         take("ASYNCINFER_TOKEN_BUDGET", "token_budget", int)

@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from asyncinfer import clients, logs
+from asyncinfer.errors import CatalogueError
 from asyncinfer.local.autoscaler import LocalAutoscaler, sqs_queue_counts
 from asyncinfer.local.emulator import start_emulator
 from asyncinfer.local.event_source import pump_once
@@ -36,7 +37,7 @@ from asyncinfer.local.gateway import LocalGateway
 from asyncinfer.local.lambda_runtime import LambdaPool
 from asyncinfer.local.resources import Resources, create_resources
 from asyncinfer.local.warm import WarmStarter, WorkerProcess, forkserver_available
-from asyncinfer.models.registry import MODELS
+from asyncinfer.models.registry import MODELS, use_catalogue
 from asyncinfer.scaling.policy import ScalingConfig
 from asyncinfer.settings import Settings
 from asyncinfer.sweeper import expire_due, take_back_lapsed
@@ -54,6 +55,10 @@ class LocalOptions:
     """Options of ``asyncinfer local`` (spec, "The local stack")."""
 
     port: int = 8000
+    #: The model catalogue (``--models-file``); default: the one :data:`MODELS` reads (the
+    #: project's ``models.yaml``, or ``ASYNCINFER_MODELS_FILE``). Workers and the API get it
+    #: through ``ASYNCINFER_MODELS_FILE``.
+    models_file: Path | None = None
     models: list[str] = field(default_factory=lambda: list(MODELS))
     max_workers: int = 1
     state_dir: Path = Path(".asyncinfer")
@@ -97,6 +102,12 @@ class LocalStack:
     :meth:`stop`."""
 
     def __init__(self, opts: LocalOptions) -> None:
+        try:
+            catalogue = use_catalogue(opts.models_file) if opts.models_file else MODELS.catalogue
+        except CatalogueError as exc:
+            raise SystemExit(f"asyncinfer local: {exc}") from None
+        assert catalogue is not None
+        self.models_file = catalogue.path
         unknown = [m for m in opts.models if m not in MODELS]
         if unknown:
             raise SystemExit(f"unknown model(s) {unknown}; known: {sorted(MODELS)}")
@@ -134,6 +145,7 @@ class LocalStack:
             "ASYNCINFER_VISIBILITY_TIMEOUT": str(opts.visibility_timeout),
             "ASYNCINFER_MAX_RECEIVE_COUNT": str(opts.max_receive_count),
             "ASYNCINFER_DRAIN_SECONDS": str(opts.drain_seconds),
+            "ASYNCINFER_MODELS_FILE": str(self.models_file or ""),
             "POWERTOOLS_SERVICE_NAME": "asyncinfer-local",
             "POWERTOOLS_LOG_LEVEL": "WARNING",
             "POWERTOOLS_TRACE_DISABLED": "true",
