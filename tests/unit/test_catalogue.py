@@ -367,3 +367,24 @@ def test_local_stack_with_an_invalid_catalogue_stops_before_starting(tmp_path: P
     assert out.returncode == 2
     assert "invalid model catalogue" in out.stderr and "models[4].kind" in out.stderr
     assert not (tmp_path / "s").exists()  # nothing was started
+
+
+def test_worker_refuses_a_kind_without_a_worker_and_an_unknown_id(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """\
+        models:
+          - {id: vllm, kind: openai-server, engine: {url: "http://127.0.0.1:9", model: q}}
+        """,
+    )
+    env = {"PATH": "/usr/bin:/bin", "ASYNCINFER_MODELS_FILE": str(path), "HOME": str(tmp_path)}
+    env["PYTHONPATH"] = str(REPO / "src")
+    for model, message in (("vllm", "no worker in this build"), ("echo", "not in the catalogue")):
+        out = subprocess.run(
+            [sys.executable, "-m", "asyncinfer.worker", "--model", model],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert out.returncode == 2 and message in out.stderr, out.stderr

@@ -111,6 +111,9 @@ class LocalStack:
         unknown = [m for m in opts.models if m not in MODELS]
         if unknown:
             raise SystemExit(f"unknown model(s) {unknown}; known: {sorted(MODELS)}")
+        no_worker = [m for m in opts.models if not MODELS[m].handler]
+        if no_worker:
+            raise SystemExit(f"model(s) {no_worker} are of a kind with no worker in this build")
         self.opts = opts
         self.stop_event = threading.Event()
         self.autoscaler: LocalAutoscaler | None = None

@@ -33,6 +33,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if not MODELS[args.model].handler:
+        print(
+            f"asyncinfer worker: model {args.model!r} is of kind {MODELS[args.model].kind!r}, "
+            "which has no worker in this build",
+            file=sys.stderr,
+        )
+        return 2
     worker = Worker(get_settings(), args.model, max_batch_size=args.max_batch_size)
     worker.install_signal_handlers()
     return worker.run()
