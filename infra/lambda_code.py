@@ -81,3 +81,47 @@ def stage_lambda_code(name: str, *, vendored: tuple[str, ...] = ("ulid",)) -> st
             shutil.copy2(item, out / item.name)
     _staged[name] = out
     return str(out)
+
+
+#: Where :func:`stage_catalogue` puts a catalogue inside a code asset (``/var/task/`` + this).
+CATALOGUE_DIR = "catalogue"
+
+
+def stage_catalogue(models_file: Path, out: Path) -> str:
+    """Copy a model catalogue into a staged code asset, with the files its entries reference
+    that the API reads (the ``input_schema`` files of ``python`` entries), at the same paths
+    relative to the catalogue. Weights (``source``) are not copied: the API never reads them.
+
+    Args:
+        models_file: the catalogue (validated first; an invalid one raises ``CatalogueError``).
+        out: the asset directory (as :func:`stage_lambda_code` returns it).
+
+    Returns:
+        The catalogue's path inside the asset (``catalogue/models.yaml``): the Lambda's
+        ``ASYNCINFER_MODELS_FILE`` is ``/var/task/`` followed by it.
+
+    Raises:
+        CatalogueError: the catalogue is invalid (every problem listed).
+        ValueError: an ``input_schema`` lies outside the catalogue's folder.
+    """
+    from asyncinfer.models.catalogue import load_catalogue
+
+    catalogue = load_catalogue(models_file)
+    src = Path(models_file).resolve()
+    target = Path(out) / CATALOGUE_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, target / src.name)
+    for entry in catalogue.models:
+        if not entry.input_schema:
+            continue
+        schema = catalogue.resolve(entry.input_schema)
+        try:
+            rel = schema.relative_to(src.parent)
+        except ValueError:
+            raise ValueError(
+                f"{entry.id}: input_schema {entry.input_schema} is outside {src.parent}; "
+                "keep schemas in the catalogue's folder"
+            ) from None
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(schema, target / rel)
+    return f"{CATALOGUE_DIR}/{src.name}"
