@@ -14,6 +14,7 @@ import pytest
 import yaml
 from moto import mock_aws
 
+from asyncinfer.client.models import ModelInfo
 from asyncinfer.errors import CatalogueError, InvalidRequest
 from asyncinfer.local.resources import create_resources
 from asyncinfer.models.catalogue import (
@@ -315,6 +316,8 @@ def test_api_validates_python_input_and_lists_models(
         assert set(by_id) == {"wordcount", "echo"}
         assert by_id["wordcount"]["kind"] == "python"
         assert by_id["wordcount"]["input_schema"]["properties"]["top"]["maximum"] == 20
+        info = ModelInfo.model_validate(by_id["wordcount"])  # the Python client's view
+        assert (info.kind, info.description) == ("python", by_id["wordcount"]["description"])
 
 
 def test_api_import_loads_no_torch_or_model_code() -> None:
