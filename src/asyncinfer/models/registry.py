@@ -75,7 +75,9 @@ class ModelSpec:
     base_dir: Path | None = None
 
     def load_handler(self, **kwargs: Any) -> ModelHandler:
-        """Import and build this model's handler (does not load weights; call ``load()``).
+        """Import and build this model's handler (does not load weights; call ``load()``). A
+        ``python`` entry's module is also looked up in the catalogue's folder (last on
+        ``sys.path``), as cog finds ``predict.py`` beside ``cog.yaml``.
 
         Raises:
             ImportError / AttributeError: the handler's module or class does not exist.
