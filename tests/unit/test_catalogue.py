@@ -372,17 +372,23 @@ def test_local_stack_with_an_invalid_catalogue_stops_before_starting(tmp_path: P
     assert not (tmp_path / "s").exists()  # nothing was started
 
 
-def test_worker_refuses_a_kind_without_a_worker_and_an_unknown_id(tmp_path: Path) -> None:
+def test_worker_refuses_no_worker_kinds_unknown_ids_missing_handlers(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         """\
         models:
           - {id: vllm, kind: openai-server, engine: {url: "http://127.0.0.1:9", model: q}}
+          - {id: mine, kind: python, handler: "no_such_module:Model", input_schema: s.json}
         """,
     )
     env = {"PATH": "/usr/bin:/bin", "ASYNCINFER_MODELS_FILE": str(path), "HOME": str(tmp_path)}
     env["PYTHONPATH"] = str(REPO / "src")
-    for model, message in (("vllm", "no worker in this build"), ("echo", "not in the catalogue")):
+    (tmp_path / "s.json").write_text('{"type": "object"}')
+    for model, message in (
+        ("vllm", "no worker in this build"),
+        ("echo", "not in the catalogue"),
+        ("mine", "handler module 'no_such_module' is not importable"),
+    ):
         out = subprocess.run(
             [sys.executable, "-m", "asyncinfer.worker", "--model", model],
             capture_output=True,

@@ -12,6 +12,7 @@ No torch or model code is imported here: the API Lambda loads this module.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -86,15 +87,36 @@ class ModelSpec:
         if not self.handler:
             raise NotImplementedError(f"kind {self.kind!r} of {self.id!r} has no handler yet")
         module_name, _, cls_name = self.handler.partition(":")
+        self._add_catalogue_path()
+        cls = getattr(importlib.import_module(module_name), cls_name)
+        handler: ModelHandler = cls(spec=self, **kwargs)
+        return handler
+
+    def _add_catalogue_path(self) -> None:
         if self.kind == "python" and self.base_dir is not None:
             # As cog's predict.py beside cog.yaml: a handler module beside the catalogue imports
             # without being installed (an installed module of the same name still wins).
             folder = str(self.base_dir)
             if folder not in sys.path:
                 sys.path.append(folder)
-        cls = getattr(importlib.import_module(module_name), cls_name)
-        handler: ModelHandler = cls(spec=self, **kwargs)
-        return handler
+
+    def handler_problem(self) -> str | None:
+        """Why this entry's handler cannot be loaded here, found without importing its module
+        (parent packages are imported), or ``None``: no handler for the kind, or no module."""
+        if not self.handler:
+            return f"kind {self.kind!r} has no worker in this build"
+        module_name = self.handler.partition(":")[0]
+        self._add_catalogue_path()
+        try:
+            found = importlib.util.find_spec(module_name)
+        except (ImportError, ValueError) as exc:
+            found, why = None, f": {exc}"
+        else:
+            why = ""
+        if found is None:
+            where = f" (nor in {self.base_dir})" if self.kind == "python" else ""
+            return f"handler module {module_name!r} is not importable{where}{why}"
+        return None
 
     def source_dir(self) -> Path | None:
         """The folder of the entry's ``source`` on this machine (``file:``, relative to the

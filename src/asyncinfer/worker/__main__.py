@@ -15,7 +15,8 @@ from asyncinfer.worker.runner import Worker
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run a worker until SIGTERM, return its exit code (0; 2 when the model
-    catalogue, ``ASYNCINFER_MODELS_FILE``, is invalid or does not hold ``--model``)."""
+    catalogue, ``ASYNCINFER_MODELS_FILE``, is invalid or does not hold ``--model``, or its handler
+    cannot be imported)."""
     parser = argparse.ArgumentParser(prog="asyncinfer worker")
     parser.add_argument("--model", required=True, help="model id to serve")
     parser.add_argument("--max-batch-size", type=int, default=None)
@@ -33,12 +34,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if not MODELS[args.model].handler:
-        print(
-            f"asyncinfer worker: model {args.model!r} is of kind {MODELS[args.model].kind!r}, "
-            "which has no worker in this build",
-            file=sys.stderr,
-        )
+    problem = MODELS[args.model].handler_problem()
+    if problem:
+        print(f"asyncinfer worker: model {args.model!r}: {problem}", file=sys.stderr)
         return 2
     worker = Worker(get_settings(), args.model, max_batch_size=args.max_batch_size)
     worker.install_signal_handlers()
