@@ -397,3 +397,38 @@ def test_worker_refuses_no_worker_kinds_unknown_ids_missing_handlers(tmp_path: P
             env=env,
         )
         assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_without_jsonschema_inputs_are_checked_by_fastjsonschema(
+    monkeypatch: pytest.MonkeyPatch, restore_registry: None
+) -> None:
+    """The API Lambda's path: jsonschema (compiled rpds-py) is absent, fastjsonschema (pure
+    Python, Powertools' validation extra) checks the input; it names the first problem."""
+    pytest.importorskip("fastjsonschema")
+    monkeypatch.setitem(sys.modules, "jsonschema", None)  # import jsonschema -> ImportError
+    use_catalogue(CUSTOM)
+    spec = MODELS["wordcount"]
+    validate_input(spec, {"text": "a b", "top": 2})
+    for data, field, kind in (
+        ({"top": 2}, "input.text", "required"),
+        ({"text": "x", "top": 50}, "input.top", "maximum"),
+        ({"text": "x", "colour": "red"}, "input.colour", "additionalProperties"),
+    ):
+        with pytest.raises(InvalidRequest) as info:
+            validate_input(spec, data)
+        assert [(d["field"], d["type"]) for d in info.value.details] == [(field, kind)]
+    assert "input.top must be smaller" in str(
+        next(
+            d["message"]
+            for d in _details(spec, {"text": "x", "top": 50})
+            if d["field"] == "input.top"
+        )
+    )
+
+
+def _details(spec: object, data: object) -> list[dict[str, str]]:
+    try:
+        validate_input(spec, data)  # type: ignore[arg-type]
+    except InvalidRequest as exc:
+        return list(exc.details)
+    return []

@@ -243,13 +243,11 @@ def _read_schema(path: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"file {path} is not JSON: {exc}"
     if not isinstance(schema, dict):
         return None, f"file {path} is not a JSON Schema object"
-    from jsonschema import validators
-    from jsonschema.exceptions import SchemaError
+    from asyncinfer.models.json_input import schema_problem
 
-    try:
-        validators.validator_for(schema).check_schema(schema)
-    except SchemaError as exc:
-        return None, f"file {path} is not a valid JSON Schema: {exc.message}"
+    why = schema_problem(schema)
+    if why:
+        return None, f"file {path} is not a valid JSON Schema: {why}"
     return schema, None
 
 

@@ -4,7 +4,10 @@
 (``{"field": "input.a.0", "message", "type"}``); :func:`json_schema_model` wraps a schema in a
 pydantic model, so that code written for the built-in models' pydantic inputs (the worker's
 ``spec.input_model.model_validate``, ``GET /v1/models``' ``input_schema``) works unchanged.
-The validator is jsonschema's for the schema's ``$schema`` (Draft 2020-12 when absent).
+The validator is jsonschema's for the schema's ``$schema`` (Draft 2020-12 when absent). Where
+jsonschema cannot be imported (the API Lambda: its ``rpds-py`` dependency is compiled, so it
+cannot be vendored from this machine into an arm64 asset), fastjsonschema is used instead (pure
+Python; the Powertools layer's validation extra): it reports the first problem only.
 """
 
 from __future__ import annotations
@@ -18,6 +21,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, model_validator
 
 
+def _have_jsonschema() -> bool:
+    try:
+        import jsonschema  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @lru_cache(maxsize=256)
 def _validator(schema_json: str) -> Any:
     from jsonschema import validators
@@ -25,6 +36,71 @@ def _validator(schema_json: str) -> Any:
     schema = json.loads(schema_json)
     cls = validators.validator_for(schema)
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+@lru_cache(maxsize=256)
+def _fast_validator(schema_json: str) -> Any:
+    import fastjsonschema
+
+    return fastjsonschema.compile(json.loads(schema_json))
+
+
+def schema_problem(schema: dict[str, Any]) -> str | None:
+    """What makes ``schema`` an invalid JSON Schema, or ``None``.
+
+    Raises:
+        ImportError: neither jsonschema nor fastjsonschema is installed.
+    """
+    if _have_jsonschema():
+        from jsonschema import validators
+        from jsonschema.exceptions import SchemaError
+
+        try:
+            validators.validator_for(schema).check_schema(schema)
+        except SchemaError as exc:
+            return str(exc.message)
+        return None
+    import fastjsonschema
+
+    try:
+        _fast_validator(json.dumps(schema, sort_keys=True))
+    except fastjsonschema.JsonSchemaDefinitionException as exc:
+        return str(exc)
+    return None
+
+
+def _extra_keys(subschema: Any, instance: dict[str, Any]) -> list[str]:
+    """Keys of ``instance`` that ``additionalProperties: false`` of ``subschema`` refuses."""
+    known = subschema.get("properties", {}) if isinstance(subschema, dict) else {}
+    patterns = subschema.get("patternProperties", {}) if isinstance(subschema, dict) else {}
+    return [
+        str(k)
+        for k in instance
+        if k not in known and not any(re.search(p, str(k)) for p in patterns)
+    ]
+
+
+def _fast_details(schema: dict[str, Any], data: Any, prefix: str) -> list[dict[str, Any]]:
+    import fastjsonschema
+
+    try:
+        _fast_validator(json.dumps(schema, sort_keys=True))(data)
+    except fastjsonschema.JsonSchemaValueException as exc:
+        path = [prefix, *(str(p) for p in (exc.path or [])[1:])]
+        kind = str(exc.rule or "schema")
+        names: list[str] = []
+        if kind == "required" and isinstance(exc.value, dict):
+            names = [str(r) for r in exc.rule_definition or [] if r not in exc.value][:1]
+        elif kind == "additionalProperties" and isinstance(exc.value, dict):
+            names = _extra_keys(exc.definition, exc.value)
+        message = str(exc.message)
+        if exc.name and message.startswith(str(exc.name)):  # "data.top must be ..."
+            message = ".".join(path) + message[len(str(exc.name)) :]
+        if not names:
+            return [{"field": ".".join(path), "message": message, "type": kind}]
+        message = "unexpected field" if kind == "additionalProperties" else message
+        return [{"field": ".".join([*path, n]), "message": message, "type": kind} for n in names]
+    return []
 
 
 def json_schema_details(
@@ -42,6 +118,8 @@ def json_schema_details(
         order of the paths; empty when ``data`` is valid. A missing required property is named
         as its own field (``input.prompt``), not as the object holding it.
     """
+    if not _have_jsonschema():
+        return _fast_details(schema, data, prefix)
     validator = _validator(json.dumps(schema, sort_keys=True))
     out = []
     for err in validator.iter_errors(data):
