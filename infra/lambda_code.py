@@ -2,8 +2,11 @@
 Docker, no pip download. Each asset directory holds
 
 * ``asyncinfer/``: the shared package from ``src/`` (without caches);
-* the ``ulid`` package (python-ulid; pure Python) copied from the current environment, because the
-  Powertools layer does not ship it;
+* the ``ulid`` package (python-ulid; pure Python) and ``yaml`` (PyYAML, which the model
+  catalogue needs; its optional C extension is skipped, the pure-Python loader runs) copied from
+  the current environment, because the Powertools layer does not ship them;
+* the default model catalogue, ``asyncinfer/models/models.yaml`` (in the repository a link to the
+  root ``models.yaml``; copied here as a file);
 * the files of ``lambdas/<name>/`` at the top level, so the handler is ``app.handler``.
 
 Powertools, pydantic and the X-Ray SDK come from the published Powertools Lambda layer; boto3
@@ -20,6 +23,10 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".mypy_cache", ".ruff_cache")
+#: Packages every asset gets: the shared package imports them at module level (pure-Python
+#: fallbacks only).
+ALWAYS_VENDORED = ("yaml",)
+_IGNORE_VENDORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", "*.so")
 _staged: dict[str, Path] = {}
 _root: Path | None = None
 
@@ -61,6 +68,10 @@ def stage_lambda_code(name: str, *, vendored: tuple[str, ...] = ("ulid",)) -> st
     shutil.copytree(REPO_ROOT / "src" / "asyncinfer", out / "asyncinfer", ignore=_IGNORE)
     for module in vendored:
         shutil.copytree(_package_dir(module), out / module, ignore=_IGNORE)
+    for module in ALWAYS_VENDORED:
+        if module not in vendored:
+            # Its compiled extension is built for this machine, not for Lambda's (arm64, 3.12).
+            shutil.copytree(_package_dir(module), out / module, ignore=_IGNORE_VENDORED)
     for item in sorted(src.iterdir()):
         if item.name in ("__pycache__",) or item.suffix in (".pyc",):
             continue
@@ -70,3 +81,47 @@ def stage_lambda_code(name: str, *, vendored: tuple[str, ...] = ("ulid",)) -> st
             shutil.copy2(item, out / item.name)
     _staged[name] = out
     return str(out)
+
+
+#: Where :func:`stage_catalogue` puts a catalogue inside a code asset (``/var/task/`` + this).
+CATALOGUE_DIR = "catalogue"
+
+
+def stage_catalogue(models_file: Path, out: Path) -> str:
+    """Copy a model catalogue into a staged code asset, with the files its entries reference
+    that the API reads (the ``input_schema`` files of ``python`` entries), at the same paths
+    relative to the catalogue. Weights (``source``) are not copied: the API never reads them.
+
+    Args:
+        models_file: the catalogue (validated first; an invalid one raises ``CatalogueError``).
+        out: the asset directory (as :func:`stage_lambda_code` returns it).
+
+    Returns:
+        The catalogue's path inside the asset (``catalogue/models.yaml``): the Lambda's
+        ``ASYNCINFER_MODELS_FILE`` is ``/var/task/`` followed by it.
+
+    Raises:
+        CatalogueError: the catalogue is invalid (every problem listed).
+        ValueError: an ``input_schema`` lies outside the catalogue's folder.
+    """
+    from asyncinfer.models.catalogue import load_catalogue
+
+    catalogue = load_catalogue(models_file)
+    src = Path(models_file).resolve()
+    target = Path(out) / CATALOGUE_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, target / src.name)
+    for entry in catalogue.models:
+        if not entry.input_schema:
+            continue
+        schema = catalogue.resolve(entry.input_schema)
+        try:
+            rel = schema.relative_to(src.parent)
+        except ValueError:
+            raise ValueError(
+                f"{entry.id}: input_schema {entry.input_schema} is outside {src.parent}; "
+                "keep schemas in the catalogue's folder"
+            ) from None
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(schema, target / rel)
+    return f"{CATALOGUE_DIR}/{src.name}"

@@ -300,4 +300,3 @@ class SageMakerEndpoints(Construct):
         )
         self.completion_failures = queue
         return queue
-

@@ -10,18 +10,26 @@ import argparse
 import sys
 from pathlib import Path
 
-from asyncinfer.models.registry import MODELS
-
 
 def _local(args: argparse.Namespace) -> int:
+    from asyncinfer.errors import CatalogueError
     from asyncinfer.local.stack import LocalOptions, run_local
+    from asyncinfer.models.registry import MODELS, use_catalogue
 
+    models_file = Path(args.models_file).resolve() if args.models_file else None
+    try:
+        catalogue = use_catalogue(models_file) if models_file else MODELS.catalogue
+    except CatalogueError as exc:
+        print(f"asyncinfer local: {exc}", file=sys.stderr)
+        return 2
+    assert catalogue is not None
     models = (
-        [m.strip() for m in args.models.split(",") if m.strip()] if args.models else list(MODELS)
+        [m.strip() for m in args.models.split(",") if m.strip()] if args.models else catalogue.ids
     )
     return run_local(
         LocalOptions(
             port=args.port,
+            models_file=models_file,
             models=models,
             max_workers=args.max_workers,
             state_dir=Path(args.state_dir),
@@ -69,7 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     lp = sub.add_parser("local", help="run the whole service on this machine")
     lp.add_argument("--port", type=int, default=8000, help="API port on 127.0.0.1 (8000)")
-    lp.add_argument("--models", default="", help="comma list of model ids (default: all)")
+    lp.add_argument(
+        "--models-file",
+        default=None,
+        metavar="PATH",
+        help="the model catalogue, models.yaml (default: the project's; docs/models.md)",
+    )
+    lp.add_argument(
+        "--models", default="", help="comma list of model ids of the catalogue (default: all)"
+    )
     lp.add_argument(
         "--max-workers", type=int, default=1, help="most worker processes per model (1)"
     )
@@ -101,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     lp.set_defaults(func=_local)
 
     wp = sub.add_parser("worker", help="run one worker process for a model")
-    wp.add_argument("--model", required=True, choices=sorted(MODELS))
+    wp.add_argument("--model", required=True, help="a model id of ASYNCINFER_MODELS_FILE")
     wp.add_argument("--max-batch-size", type=int, default=None)
     wp.set_defaults(func=_worker)
 

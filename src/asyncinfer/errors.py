@@ -187,3 +187,19 @@ class TransitionRefused(AsyncInferError):
 
 class ConfigError(AsyncInferError):
     """Settings that cannot work together; the message lists every problem at once."""
+
+
+class CatalogueError(ConfigError):
+    """The model catalogue (``models.yaml``, spec ``models.md``) cannot be used.
+
+    Attributes:
+        where: the file (or ``"models catalogue"`` for one built in memory).
+        problems: every problem, each ``models[i].field: what is wrong`` (with the id if known).
+    """
+
+    def __init__(self, where: str, problems: list[str]) -> None:
+        self.where = where
+        self.problems = list(problems)
+        n = len(self.problems)
+        lines = "\n".join(f"  {p}" for p in self.problems)
+        super().__init__(f"invalid model catalogue {where} ({n} problem{'s' * (n != 1)}):\n{lines}")

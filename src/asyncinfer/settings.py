@@ -14,6 +14,8 @@ Environment variables (all optional unless a component needs the resource):
                                     does not grow with the catalogue
 ``ASYNCINFER_QUEUE_URL_BASE``       ``https://sqs.<region>.<suffix>/<account>/`` (with the above)
 ``ASYNCINFER_MODELS``               comma list of deployed model ids (default: keys of the above)
+``ASYNCINFER_MODELS_FILE``          the model catalogue, ``models.yaml`` (spec ``models.md``);
+                                    default: the project's (packaged with asyncinfer)
 ``ASYNCINFER_MAX_RECEIVE_COUNT``    SQS maxReceiveCount of every queue's redrive policy (3)
 ``ASYNCINFER_VISIBILITY_TIMEOUT``   visibility timeout, seconds, the worker keeps extending (120)
 ``ASYNCINFER_HEARTBEAT_SECONDS``    heartbeat interval, seconds (default visibility timeout / 3)
@@ -93,6 +95,7 @@ class Settings(BaseModel):
     resource_prefix: str = ""
     queue_url_base: str = ""
     models: list[str] = Field(default_factory=list)
+    models_file: Path | None = None
     max_receive_count: int = 3
     visibility_timeout_seconds: int = 120
     heartbeat_seconds: float = 0.0
@@ -197,6 +200,7 @@ class Settings(BaseModel):
         if raw_locations:
             values["input_locations"] = [x.strip() for x in raw_locations.split(",") if x.strip()]
         take("ASYNCINFER_MODEL_CACHE", "model_cache_dir", Path)
+        take("ASYNCINFER_MODELS_FILE", "models_file", Path)
         take("ASYNCINFER_MAX_BATCH_SIZE", "max_batch_size", int)
         take("ASYNCINFER_MAX_WAIT_MS", "max_wait_ms", float)
         take("ASYNCINFER_TOKEN_BUDGET", "token_budget", int)

@@ -82,6 +82,8 @@ class ModelInfo(_Model):
 
     id: str
     task: str | None = None
+    kind: str | None = None  # the catalogue kind (models.md): causal-lm, embeddings, python, ...
+    description: str | None = None
     input_schema: dict[str, Any] | None = None
     max_batch_size: int | None = None
 

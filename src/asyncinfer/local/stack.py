@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from asyncinfer import clients, logs
+from asyncinfer.errors import CatalogueError
 from asyncinfer.local import shutdown
 from asyncinfer.local.autoscaler import LocalAutoscaler, sqs_queue_counts
 from asyncinfer.local.emulator import start_emulator
@@ -41,7 +42,7 @@ from asyncinfer.local.lambda_runtime import LambdaPool
 from asyncinfer.local.resources import Resources, create_resources
 from asyncinfer.local.stale import StateDirInUse, check_state_dir, process_record
 from asyncinfer.local.warm import WarmStarter, WorkerProcess, forkserver_available
-from asyncinfer.models.registry import MODELS
+from asyncinfer.models.registry import MODELS, use_catalogue
 from asyncinfer.scaling.policy import ScalingConfig
 from asyncinfer.settings import Settings
 from asyncinfer.sweeper import expire_due, take_back_lapsed
@@ -59,6 +60,10 @@ class LocalOptions:
     """Options of ``asyncinfer local`` (spec, "The local stack")."""
 
     port: int = 8000
+    #: The model catalogue (``--models-file``); default: the one :data:`MODELS` reads (the
+    #: project's ``models.yaml``, or ``ASYNCINFER_MODELS_FILE``). Workers and the API get it
+    #: through ``ASYNCINFER_MODELS_FILE``.
+    models_file: Path | None = None
     models: list[str] = field(default_factory=lambda: list(MODELS))
     max_workers: int = 1
     state_dir: Path = Path(".asyncinfer")
@@ -102,9 +107,18 @@ class LocalStack:
     :meth:`stop`."""
 
     def __init__(self, opts: LocalOptions) -> None:
+        try:
+            catalogue = use_catalogue(opts.models_file) if opts.models_file else MODELS.catalogue
+        except CatalogueError as exc:
+            raise SystemExit(f"asyncinfer local: {exc}") from None
+        assert catalogue is not None
+        self.models_file = catalogue.path
         unknown = [m for m in opts.models if m not in MODELS]
         if unknown:
             raise SystemExit(f"unknown model(s) {unknown}; known: {sorted(MODELS)}")
+        no_worker = [m for m in opts.models if not MODELS[m].handler]
+        if no_worker:
+            raise SystemExit(f"model(s) {no_worker} are of a kind with no worker in this build")
         self.opts = opts
         self.stop_event = threading.Event()
         #: Set by a second signal: the stop cuts its remaining waits short.
@@ -153,6 +167,7 @@ class LocalStack:
             "ASYNCINFER_VISIBILITY_TIMEOUT": str(opts.visibility_timeout),
             "ASYNCINFER_MAX_RECEIVE_COUNT": str(opts.max_receive_count),
             "ASYNCINFER_DRAIN_SECONDS": str(opts.drain_seconds),
+            "ASYNCINFER_MODELS_FILE": str(self.models_file or ""),
             "POWERTOOLS_SERVICE_NAME": "asyncinfer-local",
             "POWERTOOLS_LOG_LEVEL": "WARNING",
             "POWERTOOLS_TRACE_DISABLED": "true",

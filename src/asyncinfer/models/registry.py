@@ -1,20 +1,50 @@
-"""The model registry: model ids (part of the contract), their tasks, input schemas, batch sizes,
-and the handler class a worker loads. Adding a model means one handler module and one entry here.
+"""The model registry: a view over the loaded model catalogue (:mod:`.catalogue`, ``models.yaml``).
+
+:data:`MODELS` maps each model id of the catalogue to its :class:`ModelSpec` (task, input schema,
+batch size, the handler class a worker loads). The catalogue is read on first use from
+``Settings.models_file`` (``ASYNCINFER_MODELS_FILE``; default the project's ``models.yaml``), or
+set explicitly with :func:`use_catalogue` (the local stack's ``--models-file``). Adding a model
+means an entry in ``models.yaml``; a ``python`` entry names its own handler class.
+
+No torch or model code is imported here: the API Lambda loads this module.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError, create_model
 
 from asyncinfer.errors import InvalidRequest
+from asyncinfer.models.catalogue import Catalogue, ModelEntry, default_models_file, load_catalogue
+from asyncinfer.models.json_input import json_schema_details, json_schema_model
 from asyncinfer.models.schemas import EchoInput, EmbeddingInput, GenerationInput
 
 if TYPE_CHECKING:
     from asyncinfer.models.base import ModelHandler
+
+#: The built-in handler class of each kind (a ``python`` entry names its own).
+KIND_HANDLERS: dict[str, str] = {
+    "causal-lm": "asyncinfer.models.smollm2:SmolLM2Handler",
+    "embeddings": "asyncinfer.models.minilm:MiniLMHandler",
+    "echo": "asyncinfer.models.echo:EchoHandler",
+}
+#: The ``task`` of ``GET /v1/models`` per kind.
+KIND_TASKS: dict[str, str] = {
+    "causal-lm": "text-generation",
+    "openai-server": "text-generation",
+    "embeddings": "embeddings",
+    "echo": "echo",
+    "python": "custom",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,12 +52,16 @@ class ModelSpec:
     """What the service knows of one model.
 
     Attributes:
-        id: the model id of the spec ("Models" table).
-        task: ``text-generation``, ``embeddings`` or ``echo``.
+        id: the model id (the catalogue entry's; part of the API).
+        task: ``text-generation``, ``embeddings``, ``echo`` or ``custom`` (``python`` kind).
         input_model: pydantic model that validates a job's ``input``.
         handler: ``"module:Class"`` of its :class:`~asyncinfer.models.base.ModelHandler`.
         max_batch_size: most jobs a worker runs together.
         description: one line for ``GET /v1/models``.
+        kind: the catalogue kind (``causal-lm``, ``embeddings``, ``python``, ...).
+        entry: the catalogue entry (device, dtype, source, compute, ...), if from a catalogue.
+        input_schema: the JSON Schema of a ``python`` entry's input (validated with jsonschema).
+        base_dir: the catalogue's folder (relative ``source`` paths resolve against it).
     """
 
     id: str
@@ -36,53 +70,189 @@ class ModelSpec:
     handler: str
     max_batch_size: int
     description: str
+    kind: str = ""
+    entry: ModelEntry | None = None
+    input_schema: dict[str, Any] | None = None
+    base_dir: Path | None = None
 
     def load_handler(self, **kwargs: Any) -> ModelHandler:
-        """Import and build this model's handler (does not load weights; call ``load()``)."""
+        """Import and build this model's handler (does not load weights; call ``load()``). A
+        ``python`` entry's module is also looked up in the catalogue's folder (last on
+        ``sys.path``), as cog finds ``predict.py`` beside ``cog.yaml``.
+
+        Raises:
+            ImportError / AttributeError: the handler's module or class does not exist.
+            NotImplementedError: a kind this build has no handler for (``openai-server``).
+        """
+        if not self.handler:
+            raise NotImplementedError(f"kind {self.kind!r} of {self.id!r} has no handler yet")
         module_name, _, cls_name = self.handler.partition(":")
+        self._add_catalogue_path()
         cls = getattr(importlib.import_module(module_name), cls_name)
-        return cls(spec=self, **kwargs)
+        handler: ModelHandler = cls(spec=self, **kwargs)
+        return handler
+
+    def _add_catalogue_path(self) -> None:
+        if self.kind == "python" and self.base_dir is not None:
+            # As cog's predict.py beside cog.yaml: a handler module beside the catalogue imports
+            # without being installed (an installed module of the same name still wins).
+            folder = str(self.base_dir)
+            if folder not in sys.path:
+                sys.path.append(folder)
+
+    def handler_problem(self) -> str | None:
+        """Why this entry's handler cannot be loaded here, found without importing its module
+        (parent packages are imported), or ``None``: no handler for the kind, or no module."""
+        if not self.handler:
+            return f"kind {self.kind!r} has no worker in this build"
+        module_name = self.handler.partition(":")[0]
+        self._add_catalogue_path()
+        try:
+            found = importlib.util.find_spec(module_name)
+        except (ImportError, ValueError) as exc:
+            found, why = None, f": {exc}"
+        else:
+            why = ""
+        if found is None:
+            where = f" (nor in {self.base_dir})" if self.kind == "python" else ""
+            return f"handler module {module_name!r} is not importable{where}{why}"
+        return None
+
+    def source_dir(self) -> Path | None:
+        """The folder of the entry's ``source`` on this machine (``file:``, relative to the
+        catalogue, or ``wheel:``), or ``None`` when the entry has no source.
+
+        Raises:
+            NotImplementedError: an ``s3://`` source (downloaded by the worker's cache).
+            FileNotFoundError: a ``wheel:`` distribution that is not installed.
+        """
+        if self.entry is None or not self.entry.source:
+            return None
+        from asyncinfer.models.sources import local_source_dir
+
+        return local_source_dir(self.entry.source, self.base_dir or Path.cwd())
 
     def describe(self) -> dict[str, Any]:
-        """The entry of ``GET /v1/models``: ``{"id", "task", "input_schema", "max_batch_size"}``."""
+        """The entry of ``GET /v1/models``: ``{"id", "task", "kind", "description",
+        "input_schema", "max_batch_size"}``."""
         return {
             "id": self.id,
             "task": self.task,
+            "kind": self.kind,
             "description": self.description,
             "input_schema": self.input_model.model_json_schema(),
             "max_batch_size": self.max_batch_size,
         }
 
 
-MODELS: dict[str, ModelSpec] = {
-    spec.id: spec
-    for spec in (
-        ModelSpec(
-            id="smollm2-135m-instruct",
-            task="text-generation",
-            input_model=GenerationInput,
-            handler="asyncinfer.models.smollm2:SmolLM2Handler",
-            max_batch_size=64,
-            description="SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised once) chat generation",
-        ),
-        ModelSpec(
-            id="all-minilm-l6-v2",
-            task="embeddings",
-            input_model=EmbeddingInput,
-            handler="asyncinfer.models.minilm:MiniLMHandler",
-            max_batch_size=32,
-            description="all-MiniLM-L6-v2 sentence embeddings, 384 floats, L2-normalised",
-        ),
-        ModelSpec(
-            id="echo",
-            task="echo",
-            input_model=EchoInput,
-            handler="asyncinfer.models.echo:EchoHandler",
-            max_batch_size=10,
-            description="Returns its input; for tests and overhead benchmarks",
-        ),
+@cache
+def _generation_input(max_new_tokens: int) -> type[BaseModel]:
+    """:class:`GenerationInput` with ``max_new_tokens`` capped at the entry's limit."""
+    if max_new_tokens == 1024:
+        return GenerationInput
+    default = min(128, max_new_tokens)
+    model: type[BaseModel] = create_model(
+        f"GenerationInputMax{max_new_tokens}",
+        __base__=GenerationInput,
+        max_new_tokens=(int, Field(default=default, ge=1, le=max_new_tokens, strict=True)),
     )
-}
+    return model
+
+
+def spec_of(entry: ModelEntry, catalogue: Catalogue) -> ModelSpec:
+    """The :class:`ModelSpec` of one catalogue entry."""
+    schema = catalogue.input_schemas.get(entry.id)
+    input_model: type[BaseModel]
+    if entry.kind in ("causal-lm", "openai-server"):
+        input_model = _generation_input(entry.limits.max_new_tokens if entry.limits else 1024)
+    elif entry.kind == "embeddings":
+        input_model = EmbeddingInput
+    elif entry.kind == "python":
+        input_model = json_schema_model(entry.id, schema or {})
+    else:
+        input_model = EchoInput
+    return ModelSpec(
+        id=entry.id,
+        task=KIND_TASKS[entry.kind],
+        input_model=input_model,
+        handler=entry.handler or KIND_HANDLERS.get(entry.kind, ""),
+        max_batch_size=entry.max_batch_size,
+        description=entry.description,
+        kind=entry.kind,
+        entry=entry,
+        input_schema=schema,
+        base_dir=catalogue.base_dir,
+    )
+
+
+class Registry(Mapping[str, ModelSpec]):
+    """``{model id: ModelSpec}`` of the current catalogue, read on first use (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._catalogue: Catalogue | None = None
+        self._specs: dict[str, ModelSpec] = {}
+
+    def _current(self) -> dict[str, ModelSpec]:
+        if self._catalogue is None:
+            with self._lock:
+                if self._catalogue is None:
+                    from asyncinfer.settings import get_settings
+
+                    path = get_settings().models_file or default_models_file()
+                    self._set(load_catalogue(path))
+        return self._specs
+
+    def _set(self, catalogue: Catalogue) -> None:
+        self._specs = {e.id: spec_of(e, catalogue) for e in catalogue.models}
+        self._catalogue = catalogue
+
+    @property
+    def catalogue(self) -> Catalogue:
+        """The loaded catalogue (loading it if needed).
+
+        Raises:
+            CatalogueError: the file is missing or invalid (every problem listed).
+        """
+        self._current()
+        assert self._catalogue is not None
+        return self._catalogue
+
+    def use(self, catalogue: Catalogue | str | Path | None) -> Catalogue | None:
+        """Serve ``catalogue`` (or the file at that path) from now on and return it; ``None``:
+        forget it, and read the settings' file again on next use."""
+        with self._lock:
+            if catalogue is None:
+                self._catalogue, self._specs = None, {}
+                return None
+            cat = catalogue if isinstance(catalogue, Catalogue) else load_catalogue(catalogue)
+            self._set(cat)
+            return cat
+
+    def __getitem__(self, model_id: str) -> ModelSpec:
+        return self._current()[model_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._current()))
+
+    def __len__(self) -> int:
+        return len(self._current())
+
+    def __contains__(self, model_id: object) -> bool:
+        return model_id in self._current()
+
+
+#: Every model of the catalogue: ``{model id: ModelSpec}``, in file order.
+MODELS = Registry()
+
+
+def use_catalogue(catalogue: Catalogue | str | Path | None) -> Catalogue | None:
+    """Make :data:`MODELS` a view of ``catalogue`` (a :class:`Catalogue` or a file path).
+
+    Raises:
+        CatalogueError: the file is missing or invalid (every problem listed).
+    """
+    return MODELS.use(catalogue)
 
 
 def get_spec(model_id: str) -> ModelSpec:
@@ -97,11 +267,16 @@ def get_spec(model_id: str) -> ModelSpec:
 
 
 def validate_input(spec: ModelSpec, data: Any) -> BaseModel:
-    """Validate a job's ``input`` against ``spec``'s schema.
+    """Validate a job's ``input`` against ``spec``'s schema (pydantic, or the JSON Schema of a
+    ``python`` entry).
 
     Raises:
         InvalidRequest: with one ``details`` entry per problem, fields named ``input.<path>``.
     """
+    if spec.input_schema is not None:
+        details = json_schema_details(spec.input_schema, data, prefix="input")
+        if details:
+            raise InvalidRequest(f"input is not valid for model {spec.id!r}", details)
     try:
         return spec.input_model.model_validate(data)
     except ValidationError as exc:
