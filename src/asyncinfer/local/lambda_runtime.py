@@ -117,16 +117,19 @@ class LambdaPool:
             items = sorted(self._running.values(), key=lambda item: item[1])
         return [(what, now - started) for what, started in items]
 
-    def close(self, timeout: float | None = None) -> list[str]:
+    def close(self, timeout: float | None = None, cut: threading.Event | None = None) -> list[str]:
         """Stop the processes: invocations not started are cancelled, those in progress get
-        until ``timeout`` seconds (``None``: for ever); any still running then is abandoned, its
-        process killed. Returns the abandoned invocations' descriptions (with their run time)."""
+        until ``timeout`` seconds (``None``: for ever) or until ``cut`` is set (a second signal);
+        any still running then is abandoned, its process killed. Returns the abandoned
+        invocations' descriptions (with their run time)."""
         # The executor's own dict of processes (its manager thread keeps it), taken before
         # shutdown drops the executor's reference to it.
         processes: dict[int, Any] = getattr(self._pool, "_processes", None) or {}
         self._pool.shutdown(wait=False, cancel_futures=True)
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._running and (deadline is None or time.monotonic() < deadline):
+            if cut is not None and cut.is_set():
+                break
             time.sleep(0.05)
         abandoned = [f"{what}, running for {age:.1f} s" for what, age in self.running()]
         live: list[Any] = []
