@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from asyncinfer.local import lifeline, shutdown
-from asyncinfer.local.lambda_runtime import LambdaPool, describe
+from asyncinfer.local.lambda_runtime import LambdaPool, describe, is_probe
 from asyncinfer.local.stack import LocalOptions, LocalStack, free_port
 from asyncinfer.local.stale import StateDirInUse, check_state_dir, port_in_use, process_record
 
@@ -102,6 +102,28 @@ def test_a_second_signal_cuts_the_lambda_wait_short(tmp_path: Path) -> None:
     abandoned = pool.close(timeout=30.0, cut=cut)
     assert time.monotonic() - t0 < 10  # not the 30 s grace
     assert len(abandoned) == 1
+
+
+def test_a_health_probe_cut_off_by_the_stop_is_not_abandoned_work(tmp_path: Path) -> None:
+    """The stack's own readiness probe in flight when a SIGTERM comes during start made the stop
+    exit 3 naming 'api GET /v1/health' (the SIGTERM-while-starting test expects 0)."""
+    pool = LambdaPool({}, size=1)
+    marker = tmp_path / "in"
+    event = {"httpMethod": "GET", "path": "/v1/health", "marker": str(marker)}
+
+    def call() -> None:
+        with contextlib.suppress(BaseException):
+            pool.invoke(f"{__name__}:stuck", event, "api")
+
+    threading.Thread(target=call, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the handler never started"
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    assert pool.close(timeout=0.5) == []
+    assert time.monotonic() - t0 < 5  # cut off all the same
+    assert is_probe(event) and not is_probe({**event, "httpMethod": "POST"})
 
 
 def test_pool_close_with_nothing_running_abandons_nothing() -> None:
