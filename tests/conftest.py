@@ -10,6 +10,17 @@ from typing import Any
 
 import pytest
 
+# The network guard (tests/netguard/sitecustomize.py): this process, and every Python process the
+# tests start (the local stack, its emulator, fork server and workers inherit PYTHONPATH), may
+# reach loopback addresses only; a name other than localhost is never sent to a DNS resolver.
+_NETGUARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netguard")
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (_NETGUARD, os.environ.get("PYTHONPATH", "")) if p
+)
+from tests.netguard import sitecustomize as _netguard  # noqa: E402
+
+_netguard.install()
+
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")

@@ -256,7 +256,11 @@ def test_ecs_stack_deletion_releases_the_protected_gpu_instances(ecs: Any) -> No
 
 def test_topic_key_is_scheduled_for_deletion_with_the_stack(any_mode: Any) -> None:
     """CDK keeps KMS keys by default; this one encrypts messages in flight only."""
-    (key,) = any_mode.resources("AWS::KMS::Key").values()
+    (key,) = [
+        k
+        for k in any_mode.resources("AWS::KMS::Key").values()
+        if k["Properties"].get("Description") == "asyncinfer SNS topics"
+    ]
     assert key["DeletionPolicy"] == "Delete"
     assert key["Properties"]["PendingWindowInDays"] == 7
 

@@ -124,3 +124,49 @@ def test_handler_failure_is_the_default_5xx_error_body() -> None:
     assert body == {
         "error": {"code": "internal", "message": "Internal server error", "details": []}
     }
+
+
+def test_a_client_gone_before_the_answer_is_not_an_error(
+    gateway: tuple[LocalGateway, FakePool],
+) -> None:
+    """The stack's start-up health check gives up after 2 s on a busy machine; writing the late
+    answer to its closed socket printed a BrokenPipeError traceback at every start."""
+    gw, _ = gateway
+    handler_class: Any = gw.server.RequestHandlerClass
+    h = handler_class.__new__(handler_class)
+    h.command, h.request_version, h.requestline = "GET", "HTTP/1.1", "GET /v1/health HTTP/1.1"
+    h.client_address = ("127.0.0.1", 1)
+    h.close_connection = False
+
+    class Gone:
+        def write(self, data: bytes) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    h.wfile = Gone()
+    h._send(200, b"{}", {"Content-Type": "application/json"})  # must not raise
+    assert h.close_connection
+
+
+class AbandoningPool:
+    """A pool whose invocation was abandoned by the stack's stop."""
+
+    def invoke(self, handler: str, event: dict[str, Any]) -> dict[str, Any]:
+        from concurrent.futures.process import BrokenProcessPool
+
+        raise BrokenProcessPool("abandoned")
+
+
+def test_an_invocation_abandoned_by_the_stop_logs_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gw = LocalGateway(AbandoningPool(), {"key-a": "tenant-a"}, 0)  # type: ignore[arg-type]
+    gw.start()
+    gw.stopping = True  # as stop() sets it before the pool is closed
+    try:
+        with caplog.at_level("WARNING", logger="asyncinfer.local"):
+            status, body, _ = call(gw, "GET", "/v1/models", key="key-a")
+    finally:
+        gw.stop()
+    assert status == 500 and body["error"]["code"] == "internal"
+    assert [r.levelname for r in caplog.records if r.name.startswith("asyncinfer")] == ["WARNING"]
+    assert all(r.exc_info is None for r in caplog.records)

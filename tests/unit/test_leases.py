@@ -425,3 +425,43 @@ def test_lease_length_is_a_setting_defaulting_to_three_heartbeats() -> None:
     env = {"ASYNCINFER_LEASE_SECONDS": "7", "ASYNCINFER_SWEEP_SECONDS": "0.5"}
     s = Settings.from_env(env)
     assert (s.lease_interval, s.sweep_seconds) == (7, 0.5)
+
+
+def test_a_stalled_worker_leaves_the_message_of_the_newer_attempt_alone(
+    lset: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker A stalls (SIGSTOP) past its lease and its message's visibility timeout; the job is
+    taken back and worker B runs attempt 2 from the same message. When A wakes, its refused
+    terminal write must not delete the message with its stale receipt handle: that left the job
+    with no message, and once B was lost in turn the job stayed queued for good (found by the
+    breaker)."""
+    store = JobStore(lset)
+    sqs = clients.client("sqs", lset)
+    job_id = submit(lset)
+    first = receive(lset)
+    worker_a, item_a = start_on_worker(lset, first)
+    later(monkeypatch, LEASE + 2)
+    assert [r["status"] for r in sweeper.take_back_lapsed(lset)] == ["queued"]
+    # A's visibility lapsed too (it extended nothing while stopped): B receives the message.
+    sqs.change_message_visibility(
+        QueueUrl=lset.queue_url("echo"), ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=0
+    )
+    second = receive(lset)
+    _worker_b, item_b = start_on_worker(lset, second)
+    assert item_b.attempt == 2
+    # A wakes and finishes attempt 1: refused (the job runs attempt 2).
+    worker_a.finish(item_a, {"sleep_seconds": 0})
+    worker_a.journal.flush()
+    worker_a.held.flush_deletes()
+    rec = store.get(job_id)
+    assert rec is not None and rec["status"] == "running" and rec["attempts"] == 2
+    assert worker_a.inflight.snapshot() == []  # A holds nothing any more
+    attrs = sqs.get_queue_attributes(
+        QueueUrl=lset.queue_url("echo"), AttributeNames=["ApproximateNumberOfMessagesNotVisible"]
+    )["Attributes"]
+    assert attrs["ApproximateNumberOfMessagesNotVisible"] == "1"  # B's message still exists
+    # B is lost in turn: its message comes back and attempt 3 can run.
+    sqs.change_message_visibility(
+        QueueUrl=lset.queue_url("echo"), ReceiptHandle=second["ReceiptHandle"], VisibilityTimeout=0
+    )
+    assert json.loads(receive(lset)["Body"])["job_id"] == job_id

@@ -5,6 +5,7 @@ stop when the process they hold a lifeline to dies, and a new stack notices an o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from asyncinfer.local import lifeline, shutdown
-from asyncinfer.local.lambda_runtime import LambdaPool, describe
+from asyncinfer.local.lambda_runtime import LambdaPool, describe, is_probe
 from asyncinfer.local.stack import LocalOptions, LocalStack, free_port
 from asyncinfer.local.stale import StateDirInUse, check_state_dir, port_in_use, process_record
 
@@ -78,6 +79,51 @@ def test_pool_close_abandons_a_stuck_invocation_and_reports_it(tmp_path: Path) -
     caller.join(10)
     assert not caller.is_alive() and errors
     assert pool.running() == []
+
+
+def test_a_second_signal_cuts_the_lambda_wait_short(tmp_path: Path) -> None:
+    """A second Ctrl-C abandons a stuck invocation at once instead of after its grace (the
+    README promised it; the long poll still ran its whole 5 s: found by the breaker)."""
+    pool = LambdaPool({}, size=1)
+    marker = tmp_path / "in"
+
+    def call() -> None:
+        with contextlib.suppress(BaseException):
+            pool.invoke(f"{__name__}:stuck", {"Records": [{}], "marker": str(marker)}, "webhooks")
+
+    threading.Thread(target=call, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the handler never started"
+        time.sleep(0.05)
+    cut = threading.Event()
+    threading.Timer(0.3, cut.set).start()
+    t0 = time.monotonic()
+    abandoned = pool.close(timeout=30.0, cut=cut)
+    assert time.monotonic() - t0 < 10  # not the 30 s grace
+    assert len(abandoned) == 1
+
+
+def test_a_health_probe_cut_off_by_the_stop_is_not_abandoned_work(tmp_path: Path) -> None:
+    """The stack's own readiness probe in flight when a SIGTERM comes during start made the stop
+    exit 3 naming 'api GET /v1/health' (the SIGTERM-while-starting test expects 0)."""
+    pool = LambdaPool({}, size=1)
+    marker = tmp_path / "in"
+    event = {"httpMethod": "GET", "path": "/v1/health", "marker": str(marker)}
+
+    def call() -> None:
+        with contextlib.suppress(BaseException):
+            pool.invoke(f"{__name__}:stuck", event, "api")
+
+    threading.Thread(target=call, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the handler never started"
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    assert pool.close(timeout=0.5) == []
+    assert time.monotonic() - t0 < 5  # cut off all the same
+    assert is_probe(event) and not is_probe({**event, "httpMethod": "POST"})
 
 
 def test_pool_close_with_nothing_running_abandons_nothing() -> None:

@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 import uuid
+from concurrent.futures.process import BrokenProcessPool
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -155,6 +156,8 @@ class LocalGateway:
     def __init__(self, pool: LambdaPool, api_keys: dict[str, str], port: int) -> None:
         self.pool = pool
         self.api_keys = api_keys
+        #: Set by :meth:`stop`: invocations that fail from then on were abandoned by the stop.
+        self.stopping = False
         gateway = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -170,9 +173,15 @@ class LocalGateway:
                     if k.lower() not in ("content-length", "connection", "transfer-encoding"):
                         self.send_header(k, v)
                 self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
+                try:
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    # The client gave up before the answer (a timed-out health check at
+                    # start, a client killed mid-request): nothing to send it; not an error.
+                    self.close_connection = True
+                    log.debug("client %s left before the answer", self.address_string())
 
             def _json(self, status: int, obj: Any) -> None:
                 self._send(status, json.dumps(obj).encode(), {"Content-Type": "application/json"})
@@ -222,6 +231,13 @@ class LocalGateway:
                 )
                 try:
                     resp = gateway.pool.invoke(API_HANDLER, event)
+                except (BrokenProcessPool, RuntimeError) as exc:
+                    if not gateway.stopping:
+                        log.exception("handler invocation failed")
+                    else:  # abandoned by the stop (reported in its summary line)
+                        log.warning("%s %s abandoned by the stop (%s)", self.command, path, exc)
+                    self._json(500, _error("internal", "Internal server error"))
+                    return
                 except Exception:
                     log.exception("handler invocation failed")
                     # API Gateway's integration failure, as the CDK app's DEFAULT_5XX response.
@@ -264,7 +280,9 @@ class LocalGateway:
     def stop(self) -> None:
         """Stop accepting connections (within the server's 0.5 s poll) and close the listening
         socket. Requests in progress go on in their daemon threads; their Lambda invocations end
-        with the pool (:meth:`LambdaPool.close`), and an abandoned one is answered 502."""
+        with the pool (:meth:`LambdaPool.close`), and an abandoned one is answered 500
+        ``internal`` (as the CDK app's DEFAULT_5XX) with a one-line warning, no traceback."""
+        self.stopping = True
         if self._thread.is_alive():  # shutdown() waits for serve_forever, which must be running
             self.server.shutdown()
         self.server.server_close()

@@ -76,6 +76,13 @@ def describe(function_name: str, event: dict[str, Any]) -> str:
     return function_name
 
 
+def is_probe(event: dict[str, Any]) -> bool:
+    """Whether an invocation is a health probe (``GET``/``HEAD /v1/health``): it changes nothing,
+    so one cut off by the stop is not reported as abandoned work (the stack's own readiness
+    probe is in flight during a start on a busy machine)."""
+    return event.get("httpMethod") in ("GET", "HEAD") and event.get("path") == "/v1/health"
+
+
 class LambdaPool:
     """Invokes handlers (``"module:function"``) in up to ``size`` worker processes.
 
@@ -95,6 +102,8 @@ class LambdaPool:
         self._ids = itertools.count()
         #: Invocations submitted and not finished: id -> (description, monotonic start).
         self._running: dict[int, tuple[str, float]] = {}
+        #: Those of :attr:`_running` that are health probes (:func:`is_probe`).
+        self._probes: set[int] = set()
 
     def invoke(self, target: str, event: dict[str, Any], function_name: str = "api") -> Any:
         """Run ``target(event, context)`` in a pool process and return its result. Raises what
@@ -103,12 +112,15 @@ class LambdaPool:
         key = next(self._ids)
         with self._lock:
             self._running[key] = (describe(function_name, event), time.monotonic())
+            if is_probe(event):
+                self._probes.add(key)
         try:
             future: Future[Any] = self._pool.submit(_invoke, target, function_name, event)
             return future.result()
         finally:
             with self._lock:
                 self._running.pop(key, None)
+                self._probes.discard(key)
 
     def running(self) -> list[tuple[str, float]]:
         """The invocations in progress: ``(description, seconds running)``, oldest first."""
@@ -117,22 +129,33 @@ class LambdaPool:
             items = sorted(self._running.values(), key=lambda item: item[1])
         return [(what, now - started) for what, started in items]
 
-    def close(self, timeout: float | None = None) -> list[str]:
+    def close(self, timeout: float | None = None, cut: threading.Event | None = None) -> list[str]:
         """Stop the processes: invocations not started are cancelled, those in progress get
-        until ``timeout`` seconds (``None``: for ever); any still running then is abandoned, its
-        process killed. Returns the abandoned invocations' descriptions (with their run time)."""
+        until ``timeout`` seconds (``None``: for ever) or until ``cut`` is set (a second signal);
+        any still running then is abandoned, its process killed. Returns the abandoned
+        invocations' descriptions (with their run time), health probes (:func:`is_probe`) left
+        out."""
         # The executor's own dict of processes (its manager thread keeps it), taken before
         # shutdown drops the executor's reference to it.
         processes: dict[int, Any] = getattr(self._pool, "_processes", None) or {}
         self._pool.shutdown(wait=False, cancel_futures=True)
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._running and (deadline is None or time.monotonic() < deadline):
+            if cut is not None and cut.is_set():
+                break
             time.sleep(0.05)
-        abandoned = [f"{what}, running for {age:.1f} s" for what, age in self.running()]
+        cut_off = bool(self._running)
+        now = time.monotonic()
+        with self._lock:
+            work = [v for k, v in self._running.items() if k not in self._probes]
+        abandoned = [
+            f"{what}, running for {now - started:.1f} s"
+            for what, started in sorted(work, key=lambda item: item[1])
+        ]
         live: list[Any] = []
         with contextlib.suppress(RuntimeError):  # changed size meanwhile: nothing to wait for
             live = list(processes.values())
-        if abandoned:
+        if cut_off:
             for process in live:
                 with contextlib.suppress(Exception):
                     process.kill()

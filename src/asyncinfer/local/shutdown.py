@@ -159,7 +159,7 @@ def stop_stack(stack: LocalStack, clock: StopClock, *, worker_seconds: float) ->
     )
     workers.start()
     if stack.pool:
-        abandoned.extend(stack.pool.close(timeout=clock.left(LAMBDA_STOP_SECONDS)))
+        abandoned.extend(stack.pool.close(timeout=clock.left(LAMBDA_STOP_SECONDS), cut=clock.hurry))
     workers.join(clock.left(worker_seconds + 1.5))
     if workers.is_alive():
         abandoned.append("stopping the workers (still waiting for them)")

@@ -98,6 +98,11 @@ class HeldMessages:
         for h in held:
             self.inflight.drop(h.message_id)
 
+    def forget(self, held: Held) -> None:
+        """Stop holding a message without any SQS call: no more visibility extensions, no
+        delete, no release (its receipt handle may be stale: another worker holds it now)."""
+        self.inflight.drop(held.message_id)
+
     def delete_later(self, held: Held) -> None:
         """Queue a message for the next batch of deletes."""
         if not self.to_delete:

@@ -140,18 +140,37 @@ class Journal:
             self._finished(f, outcome)
         return outcomes[len(batched) :]
 
+    def _not_ours(self, f: Finished, current: dict[str, Any] | None) -> None:
+        """What becomes of the message of a job whose terminal write was refused (the record
+        moved on without this worker):
+
+        * terminal, or gone: the job needs no message; it is deleted;
+        * ``queued`` at this attempt: taken back after this worker's lease lapsed
+          (:mod:`asyncinfer.leases`) and no other attempt started; the next one needs the
+          message, released now;
+        * anything else (``running`` or ``queued`` under a newer attempt): another worker
+          received the message again while this one was stalled (its visibility lapsed too), and
+          holds it. This worker's receipt handle is stale, and SQS may delete or show a message
+          by any of its receipt handles: it is forgotten, untouched (deleting it lost the job
+          for good when the newer attempt's worker was lost in turn).
+        """
+        status = (current or {}).get("status")
+        if current is None or lifecycle.is_terminal(str(status)):
+            self.held.delete_later(f.held)
+        elif status == lifecycle.QUEUED and int(current.get("attempts") or 0) <= int(
+            f.transition.attempts or 0
+        ):
+            self.held.release([f.held])
+        else:
+            self.held.forget(f.held)
+
     def _finished(self, f: Finished, outcome: Any, new: dict[str, Any] | None = None) -> None:
         """After one terminal write: queue its event and its message's deletion."""
         t = f.transition
         if isinstance(outcome, TransitionRefused):
             if not t.shows_applied(outcome.current):
                 log.warning("%s", outcome)
-                if outcome.current and outcome.current.get("status") == lifecycle.QUEUED:
-                    # Taken back to queued after its lease lapsed (asyncinfer.leases): the
-                    # next attempt needs this message.
-                    self.held.release([f.held])
-                    return
-                self.held.delete_later(f.held)
+                self._not_ours(f, outcome.current)
                 return
             new = outcome.current  # our own write, answered late
         elif outcome is not None:
