@@ -119,7 +119,7 @@ class JobService:
             if existing is not None:
                 return render_job(existing, self.payloads), False
         try:
-            self._write(record, body, text, queue_url)
+            self._write(record, body, text, queue_url, message.group_id)
         except BaseException:
             if idempotency_key is not None:
                 self.keys.release(tenant, idempotency_key, job_id)
@@ -174,8 +174,11 @@ class JobService:
         )
         return record, message
 
-    def _write(self, record: dict[str, Any], body: bytes | None, text: str, queue_url: str) -> None:
-        """S3 copy of the input (if the message does not carry it), record, message, in that
+    def _write(
+        self, record: dict[str, Any], body: bytes | None, text: str, queue_url: str, group: str
+    ) -> None:
+        """S3 copy of the input (if the message does not carry it), record, message (in the
+        tenant's message group ``group``: fair queues, :mod:`asyncinfer.messages`), in that
         order; on any failure, what was written is taken back and :class:`InternalError`
         raised."""
         job_id, tenant = record["job_id"], record["tenant"]
@@ -194,7 +197,7 @@ class JobService:
                 }
             )
             created = True
-            self.sqs.send_message(QueueUrl=queue_url, MessageBody=text)
+            self.sqs.send_message(QueueUrl=queue_url, MessageBody=text, MessageGroupId=group)
             self.store.confirm_submitted(job_id, expires_epoch)
         except Exception as exc:
             self._take_back(job_id, created, stored_input)
