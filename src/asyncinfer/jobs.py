@@ -32,6 +32,7 @@ from asyncinfer.scaling.wake import wake_on_submit
 from asyncinfer.settings import Settings
 from asyncinfer.store import QUEUED_MARK, JobStore
 from asyncinfer.timeutil import iso, now, parse
+from asyncinfer.waits import WaitSlots
 from asyncinfer.webhook_urls import check_url
 
 __all__ = ["IDEMPOTENCY_SECONDS", "JobService"]
@@ -49,6 +50,7 @@ class JobService:
         self.events = EventPublisher(settings, self.payloads)
         self.sqs = clients.client("sqs", settings)
         self.keys = IdempotencyKeys(self.store, settings.submit_lease_seconds)
+        self.waits = WaitSlots(self.store.ddb, self.store.table, settings.max_waits_per_tenant)
 
     # ------------------------------------------------------------------ models
     def deployed_models(self) -> list[dict[str, Any]]:
@@ -238,14 +240,23 @@ class JobService:
 
     def get(self, tenant: str, job_id: str, *, wait: float = 0.0) -> dict[str, Any]:
         """The job object; with ``wait`` > 0 (seconds, at most 20), hold until the job is
-        terminal or ``wait`` seconds pass. Raises :class:`NotFound`."""
+        terminal or ``wait`` seconds pass. A wait on a job not yet terminal holds one of the
+        tenant's wait slots (:mod:`asyncinfer.waits`) while it lasts.
+
+        Raises:
+            NotFound: no such job for this tenant (before any slot is taken).
+            RateLimited: the tenant already holds ``max_waits_per_tenant`` waits.
+        """
         deadline = time.monotonic() + wait
         record = self._record(tenant, job_id)
-        delay = 0.1
-        while not lifecycle.is_terminal(record["status"]) and time.monotonic() < deadline:
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 1.5, 1.0)
-            record = self._record(tenant, job_id)
+        if wait <= 0 or lifecycle.is_terminal(record["status"]):
+            return render_job(record, self.payloads)
+        with self.waits.held(tenant, wait):
+            delay = 0.1
+            while not lifecycle.is_terminal(record["status"]) and time.monotonic() < deadline:
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 1.5, 1.0)
+                record = self._record(tenant, job_id)
         return render_job(record, self.payloads)
 
     def list(
