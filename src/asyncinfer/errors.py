@@ -42,6 +42,10 @@ class ApiError(AsyncInferError):
         """The response body of the spec: ``{"error": {"code", "message", "details"}}``."""
         return {"error": {"code": self.code, "message": self.message, "details": self.details}}
 
+    def headers(self) -> dict[str, str]:
+        """HTTP headers the response carries besides its content type (none by default)."""
+        return {}
+
 
 class InvalidJson(ApiError):
     """The body is not valid JSON (HTTP 400)."""
@@ -87,10 +91,30 @@ class PayloadTooLarge(ApiError):
 
 
 class RateLimited(ApiError):
-    """Too many requests (HTTP 429)."""
+    """Too many requests (HTTP 429), e.g. more concurrent ``?wait`` long polls than a tenant may
+    hold (:mod:`asyncinfer.waits`).
+
+    Args:
+        retry_after: seconds after which a retry may succeed; sent as ``Retry-After``
+            (RFC 9110 10.2.3) when given.
+    """
 
     code = "rate_limited"
     http_status = 429
+
+    def __init__(
+        self,
+        message: str,
+        details: list[dict[str, Any]] | None = None,
+        *,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message, details)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        """``Retry-After`` (whole seconds) when the error knows it."""
+        return {} if self.retry_after is None else {"Retry-After": str(self.retry_after)}
 
 
 class InternalError(ApiError):

@@ -32,6 +32,7 @@ from asyncinfer.scaling.wake import wake_on_submit
 from asyncinfer.settings import Settings
 from asyncinfer.store import QUEUED_MARK, JobStore
 from asyncinfer.timeutil import iso, now, parse
+from asyncinfer.waits import WaitSlots
 from asyncinfer.webhook_urls import check_url
 
 __all__ = ["IDEMPOTENCY_SECONDS", "JobService"]
@@ -49,6 +50,7 @@ class JobService:
         self.events = EventPublisher(settings, self.payloads)
         self.sqs = clients.client("sqs", settings)
         self.keys = IdempotencyKeys(self.store, settings.submit_lease_seconds)
+        self.waits = WaitSlots(self.store.ddb, self.store.table, settings.max_waits_per_tenant)
 
     # ------------------------------------------------------------------ models
     def deployed_models(self) -> list[dict[str, Any]]:
@@ -119,7 +121,7 @@ class JobService:
             if existing is not None:
                 return render_job(existing, self.payloads), False
         try:
-            self._write(record, body, text, queue_url)
+            self._write(record, body, text, queue_url, message.group_id)
         except BaseException:
             if idempotency_key is not None:
                 self.keys.release(tenant, idempotency_key, job_id)
@@ -174,8 +176,11 @@ class JobService:
         )
         return record, message
 
-    def _write(self, record: dict[str, Any], body: bytes | None, text: str, queue_url: str) -> None:
-        """S3 copy of the input (if the message does not carry it), record, message, in that
+    def _write(
+        self, record: dict[str, Any], body: bytes | None, text: str, queue_url: str, group: str
+    ) -> None:
+        """S3 copy of the input (if the message does not carry it), record, message (in the
+        tenant's message group ``group``: fair queues, :mod:`asyncinfer.messages`), in that
         order; on any failure, what was written is taken back and :class:`InternalError`
         raised."""
         job_id, tenant = record["job_id"], record["tenant"]
@@ -194,7 +199,7 @@ class JobService:
                 }
             )
             created = True
-            self.sqs.send_message(QueueUrl=queue_url, MessageBody=text)
+            self.sqs.send_message(QueueUrl=queue_url, MessageBody=text, MessageGroupId=group)
             self.store.confirm_submitted(job_id, expires_epoch)
         except Exception as exc:
             self._take_back(job_id, created, stored_input)
@@ -235,14 +240,23 @@ class JobService:
 
     def get(self, tenant: str, job_id: str, *, wait: float = 0.0) -> dict[str, Any]:
         """The job object; with ``wait`` > 0 (seconds, at most 20), hold until the job is
-        terminal or ``wait`` seconds pass. Raises :class:`NotFound`."""
+        terminal or ``wait`` seconds pass. A wait on a job not yet terminal holds one of the
+        tenant's wait slots (:mod:`asyncinfer.waits`) while it lasts.
+
+        Raises:
+            NotFound: no such job for this tenant (before any slot is taken).
+            RateLimited: the tenant already holds ``max_waits_per_tenant`` waits.
+        """
         deadline = time.monotonic() + wait
         record = self._record(tenant, job_id)
-        delay = 0.1
-        while not lifecycle.is_terminal(record["status"]) and time.monotonic() < deadline:
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 1.5, 1.0)
-            record = self._record(tenant, job_id)
+        if wait <= 0 or lifecycle.is_terminal(record["status"]):
+            return render_job(record, self.payloads)
+        with self.waits.held(tenant, wait):
+            delay = 0.1
+            while not lifecycle.is_terminal(record["status"]) and time.monotonic() < deadline:
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 1.5, 1.0)
+                record = self._record(tenant, job_id)
         return render_job(record, self.payloads)
 
     def list(

@@ -22,10 +22,18 @@ The body is built (:meth:`JobMessage.dumps`) before the job record is written, s
 would refuse never leaves a record behind: it is at most :data:`MAX_MESSAGE_BYTES` (the submit
 moves a larger inline input to S3) and holds only characters SQS accepts (the rest are written
 as JSON ``\\uXXXX`` escapes, which parse back to the same string).
+
+**Fair queues.** Every job message is sent with the job's tenant as its ``MessageGroupId``
+(:func:`message_group_id`), on the standard (not FIFO) job queues: SQS "fair queues" (AWS,
+2025; SQS Developer Guide, "Amazon SQS fair queues") then keep one tenant's burst from holding
+back other tenants' messages: when one group has a backlog, SQS delivers the other groups'
+messages first, with no change to the consumers and none of FIFO's ordering or throughput
+limits.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any
@@ -40,6 +48,21 @@ MAX_MESSAGE_BYTES = 256 * 1024
 #: #x20-#xD7FF, #xE000-#xFFFD and #x10000-#x10FFFF are allowed). ``json.dumps`` already escapes
 #: the controls below #x20; these are the others it writes as they are.
 _SQS_REFUSED = re.compile("[\ud800-\udfff\ufffe\uffff]")
+
+
+#: What SQS takes as a ``MessageGroupId``: 1..128 characters, letters, digits and ASCII
+#: punctuation (SQS API Reference, "SendMessage").
+_GROUP_ID = re.compile(r"[A-Za-z0-9!-/:-@\[-`{-~]{1,128}")
+
+
+def message_group_id(tenant: str) -> str:
+    """The ``MessageGroupId`` of a tenant's job messages (fair queues; see the module
+    docstring): the tenant (an API key id) as it is, or ``t-<sha256 hex, 40 chars>`` for a
+    tenant SQS would refuse as a group id (too long, or characters outside ASCII
+    punctuation and alphanumerics)."""
+    if _GROUP_ID.fullmatch(tenant):
+        return tenant
+    return "t-" + hashlib.sha256(tenant.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -72,6 +95,11 @@ class JobMessage(BaseModel):
         """
         text = json.dumps(self.model_dump(mode="json"), separators=(",", ":"), ensure_ascii=False)
         return _SQS_REFUSED.sub(_escape, text)
+
+    @property
+    def group_id(self) -> str:
+        """This job's ``MessageGroupId`` (:func:`message_group_id` of its tenant)."""
+        return message_group_id(self.tenant)
 
     @staticmethod
     def size(body: str) -> int:

@@ -35,6 +35,9 @@ Environment variables (all optional unless a component needs the resource):
                                     ``input_url`` may name besides the tenant's own uploads
 ``ASYNCINFER_SUBMIT_LEASE``         seconds a submit in progress holds its idempotency key and
                                     its record waits for its message (120: ~4 API timeouts)
+``ASYNCINFER_MAX_WAITS_PER_TENANT`` most concurrent ``GET /v1/jobs/{id}?wait=`` long polls of
+                                    one tenant, across every API Lambda (10; 0: no bound);
+                                    one more is 429 ``rate_limited``
 ``ASYNCINFER_MODEL_CACHE``          where converted checkpoints are cached (~/.cache/asyncinfer)
 ``ASYNCINFER_MAX_BATCH_SIZE``       most jobs a worker runs together (default: the model's)
 ``ASYNCINFER_MAX_WAIT_MS``          how long a worker gathers a batch once a job is in hand (50)
@@ -110,6 +113,7 @@ class Settings(BaseModel):
     max_input_bytes: int = 64 * 1024 * 1024
     input_locations: list[str] = Field(default_factory=list)
     submit_lease_seconds: int = 120
+    max_waits_per_tenant: int = 10
     model_cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "asyncinfer")
     max_batch_size: int = 0
     max_wait_ms: float = 50.0
@@ -196,6 +200,7 @@ class Settings(BaseModel):
         take("ASYNCINFER_RECORD_RETENTION", "record_retention_seconds", int)
         take("ASYNCINFER_MAX_INPUT_BYTES", "max_input_bytes", int)
         take("ASYNCINFER_SUBMIT_LEASE", "submit_lease_seconds", int)
+        take("ASYNCINFER_MAX_WAITS_PER_TENANT", "max_waits_per_tenant", int)
         raw_locations = env.get("ASYNCINFER_INPUT_LOCATIONS")
         if raw_locations:
             values["input_locations"] = [x.strip() for x in raw_locations.split(",") if x.strip()]

@@ -105,9 +105,11 @@ def _take_back_one(
         return None
     transition = leases.takeover(record, now_epoch, settings.max_receive_count)
     if transition.to_status == lifecycle.QUEUED and _message_acknowledged(record):
+        message = message_from_record(record)
         sqs.send_message(
             QueueUrl=settings.queue_url(record["model"], record.get("priority") or "normal"),
-            MessageBody=message_from_record(record).dumps(),
+            MessageBody=message.dumps(),
+            MessageGroupId=message.group_id,  # fair queues (asyncinfer.messages)
         )
     return leases.take_back(store, record, now_epoch, settings)
 

@@ -134,6 +134,21 @@ def test_async_get_retries_503_then_succeeds(server: tuple[str, Script]) -> None
     assert len(script.requests) == 2
 
 
+def test_wait_goes_on_with_plain_reads_when_its_long_polls_are_refused(
+    server: tuple[str, Script],
+) -> None:
+    url, script = server
+    limited = (429, {"error": {"code": "rate_limited", "message": "busy", "details": []}}, {})
+    running = {**JOB, "status": "running", "completed_at": None, "output": None}
+    # Every ?wait poll is 429 (the first and its 3 retries); then a plain read, then done.
+    script.answers = [limited] * 4 + [(200, running, {}), (200, JOB, {})]
+    with client(url) as c:
+        job = c.wait("job_01TEST", timeout=30, poll=0.1)
+    assert job.succeeded
+    paths = [r[1] for r in script.requests]
+    assert all("wait=" in p for p in paths[:4]) and "wait=" not in paths[4]
+
+
 def test_retries_give_up_with_the_mapped_error(server: tuple[str, Script]) -> None:
     url, script = server
     limited = (

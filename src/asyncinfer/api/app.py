@@ -180,6 +180,10 @@ JobId = Annotated[str, Path(json_schema_extra={"pattern": JOB_ID_PATTERN}, descr
             200: doc.ok("The job", JobView),
             404: doc.error("No such job for this API key (not_found)"),
             422: doc.error("wait out of range (invalid_request)"),
+            429: doc.error(
+                "More concurrent waits (?wait) for this API key than the service allows "
+                "(rate_limited; Retry-After)"
+            ),
         }
     ),
 )
@@ -195,7 +199,9 @@ def get_job(
         ),
     ] = 0.0,
 ) -> JobView:
-    """The job object; ``?wait=N`` (0..20 s) holds until the job is terminal or N s pass."""
+    """The job object; ``?wait=N`` (0..20 s) holds until the job is terminal or N s pass. A
+    tenant may hold at most ``ASYNCINFER_MAX_WAITS_PER_TENANT`` waits at once; one more is 429
+    ``rate_limited`` with ``Retry-After``, at once (:mod:`asyncinfer.waits`)."""
     logger.set_correlation_id(job_id)
     return JobView.model_validate(service().get(tenant(), job_id, wait=wait))
 
@@ -290,8 +296,9 @@ def rotate_webhook_secret() -> WebhookSecretView:
 
 # ---------------------------------------------------------------------------- errors
 def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> Response:
-    """The spec's error body for ``exc`` at its HTTP status."""
-    return json_response(exc.http_status, exc.body(), headers)
+    """The spec's error body for ``exc`` at its HTTP status, with the error's own headers
+    (:meth:`ApiError.headers`, e.g. ``Retry-After`` of a 429) and ``headers``."""
+    return json_response(exc.http_status, exc.body(), {**exc.headers(), **(headers or {})})
 
 
 @lru_cache(maxsize=1)

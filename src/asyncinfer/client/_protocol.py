@@ -32,6 +32,7 @@ from asyncinfer.client.errors import (
     ConfigurationError,
     InternalServerError,
     PayloadTooLargeError,
+    RateLimitedError,
     WaitTimeout,
 )
 from asyncinfer.client.models import Job, JobPage, ModelInfo, Upload, WebhookSecret
@@ -60,6 +61,11 @@ class Call:
     timeout: float = 30.0
     #: True when resending is safe (idempotent call, or a submit with an idempotency key).
     retry: bool = True
+
+
+#: How long :meth:`wait` sleeps between plain reads while its long polls are refused 429
+#: (the service's bound on concurrent ``?wait`` polls per key), seconds.
+RATE_LIMITED_POLL_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -350,7 +356,15 @@ class Protocol:
         deadline = None if timeout is None else clock() + max(0.0, timeout)
         while True:
             hold = poll if deadline is None else min(poll, max(0.0, deadline - clock()))
-            job = yield from self.get(job_id, wait=hold)
+            try:
+                job = yield from self.get(job_id, wait=hold)
+            except RateLimitedError:
+                # Every long-poll slot of this key is in use (the service bounds concurrent
+                # ?wait polls per key, after the retries above): read without waiting, then
+                # sleep, so the wait goes on.
+                job = yield from self.get(job_id)
+                if not job.is_terminal and hold > 0:
+                    yield Sleep(min(hold, RATE_LIMITED_POLL_SECONDS))
             if on_update is not None:
                 on_update(job)
             if job.is_terminal:

@@ -15,6 +15,7 @@ finishes each item the moment it is done.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -105,11 +106,29 @@ class WorkSource(Protocol):
         ...
 
 
-def run_batch(handler: ModelHandler, items: list[WorkItem]) -> list[Result]:
-    """``handler.predict(items)``, with an exception applied to every item: a ``JobError`` or
-    ``WorkerStopping`` as itself, ``MemoryError`` or torch's ``OutOfMemoryError`` as
-    :class:`OutOfMemory`, anything else as a retryable :class:`TransientError` (a bug or a lost
-    device may not recur; the dead-letter queue bounds the retries)."""
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says an allocation failed: ``MemoryError``, torch's ``OutOfMemoryError``
+    (CUDA and other accelerators), or the CPU allocator's ``RuntimeError`` ("can't allocate
+    memory")."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
+def _free_accelerator_memory() -> None:
+    """Give cached accelerator memory back after an out-of-memory error (only if torch is
+    already imported; never raises)."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # a lost device: the retry will say so
+        log.debug("could not empty the accelerator cache", exc_info=True)
+
+
+def _predict_once(handler: ModelHandler, items: list[WorkItem]) -> list[Result]:
+    """``handler.predict(items)`` with an exception applied to every item (see
+    :func:`run_batch`)."""
     try:
         results = handler.predict(items)
         if len(results) != len(items):
@@ -117,13 +136,46 @@ def run_batch(handler: ModelHandler, items: list[WorkItem]) -> list[Result]:
         return results
     except (JobError, WorkerStopping) as exc:
         return [exc] * len(items)
-    except MemoryError:
-        return [OutOfMemory("the batch did not fit in memory")] * len(items)
     except Exception as exc:
-        if type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA)
-            return [OutOfMemory(str(exc)[:500])] * len(items)
+        if is_out_of_memory(exc):
+            log.warning(
+                "model %s: out of memory for %d items: %s", handler.spec.id, len(items), exc
+            )
+            return [OutOfMemory(f"the batch did not fit in memory: {exc}"[:500])] * len(items)
         log.exception("model %s raised", handler.spec.id)
         return [TransientError(f"{type(exc).__name__}: {exc}"[:500])] * len(items)
+
+
+def run_batch(handler: ModelHandler, items: list[WorkItem]) -> list[Result]:
+    """``handler.predict(items)``, with an exception applied to every item: a ``JobError`` or
+    ``WorkerStopping`` as itself, an out-of-memory error (:func:`is_out_of_memory`) as
+    :class:`OutOfMemory`, anything else as a retryable :class:`TransientError` (a bug or a lost
+    device may not recur; the dead-letter queue bounds the retries).
+
+    **Out-of-memory split** (issue 14, behaviour 4): when a batch of more than one item runs out
+    of memory (raised, or :class:`OutOfMemory` results the handler returned), each item that got
+    :class:`OutOfMemory` is run again on its own, so that co-batched jobs that fit survive and
+    only a job that does not fit alone fails with ``out_of_memory``. Items are retried one at a
+    time, in order; each retry is an ordinary :meth:`ModelHandler.predict` call of one item, so
+    it sees the item's own deadline, cancel and stop.
+    """
+    results = _predict_once(handler, items)
+    if len(items) < 2:
+        return results
+    oom = [n for n, r in enumerate(results) if isinstance(r, OutOfMemory)]
+    if not oom:
+        return results
+    log.warning(
+        "model %s: %d of %d items out of memory; running them one at a time",
+        handler.spec.id,
+        len(oom),
+        len(items),
+    )
+    out = list(results)
+    for n in oom:
+        _free_accelerator_memory()
+        out[n] = _predict_once(handler, [items[n]])[0]
+    return out
 
 
 class ModelHandler:
