@@ -116,6 +116,9 @@ class Settings(BaseModel):
     token_budget: int = 32768
     echo_batching: bool = True
     local_mode: bool = False
+    #: Test-only: the local stack's emulator answers injected SNS/S3 faults
+    #: (asyncinfer.local.faults; ``ASYNCINFER_LOCAL_EMULATOR_FAULTS=1``). Off by default.
+    local_emulator_faults: bool = False
     webhook_queue_url: str = ""
     webhook_dlq_url: str = ""
     webhook_secrets_key: str = ""
@@ -229,6 +232,11 @@ class Settings(BaseModel):
         if region:
             values["region"] = region
         values["local_mode"] = env.get("ASYNCINFER_LOCAL", "") in ("1", "true", "yes")
+        values["local_emulator_faults"] = env.get("ASYNCINFER_LOCAL_EMULATOR_FAULTS", "") in (
+            "1",
+            "true",
+            "yes",
+        )
         if env.get("ASYNCINFER_ECHO_BATCHING"):
             values["echo_batching"] = env["ASYNCINFER_ECHO_BATCHING"] not in ("0", "false", "no")
         raw_queues = env.get("ASYNCINFER_QUEUE_URLS")

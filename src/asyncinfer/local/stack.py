@@ -37,6 +37,7 @@ from asyncinfer.local import shutdown
 from asyncinfer.local.autoscaler import LocalAutoscaler, sqs_queue_counts
 from asyncinfer.local.emulator import start_emulator
 from asyncinfer.local.event_source import pump_once
+from asyncinfer.local.faults import FAULTS_FILE
 from asyncinfer.local.gateway import LocalGateway
 from asyncinfer.local.lambda_runtime import LambdaPool
 from asyncinfer.local.resources import Resources, create_resources
@@ -151,7 +152,12 @@ class LocalStack:
             print(f"asyncinfer local: {note}", file=sys.stderr, flush=True)
         moto_port = free_port()
         endpoint = f"http://127.0.0.1:{moto_port}"
-        self.moto = start_emulator(moto_port, stderr=(opts.state_dir / "moto.log").open("wb"))
+        faults_file = (
+            opts.state_dir / FAULTS_FILE if Settings.from_env().local_emulator_faults else None
+        )
+        self.moto = start_emulator(
+            moto_port, stderr=(opts.state_dir / "moto.log").open("wb"), faults_file=faults_file
+        )
         if opts.warm_workers and forkserver_available():
             self.warm = WarmStarter()
             self.warm.start()  # imports torch and transformers while the rest starts
