@@ -4,7 +4,7 @@ A chaos test makes the emulator's SNS and S3 fail for a while, as AWS does in an
 that no event is lost and no job is stuck or run twice. The control is a JSON file, the
 *faults file*; the emulator reads it only when started with ``--faults-file PATH``, which the
 local stack passes (``<state-dir>/emulator-faults.json``) only when the setting
-``local_emulator_faults`` is on (``ASYNCINFER_LOCAL_EMULATOR_FAULTS=1``). Without that flag, or
+``local_emulator_faults`` is on (``ASYNCINFER_EMULATOR_FAULTS=1``). Without that flag, or
 while the file is absent, nothing changes.
 
 The file's shape::
@@ -13,7 +13,8 @@ The file's shape::
      "s3": {"until": 1764583200.0, "status": 503}}
 
 ``until`` is a Unix time in seconds (``time.time()``); ``status`` (default 500 for SNS, 503 for
-S3) is the HTTP status answered until then. While a window is open:
+S3) is the HTTP status answered until then; each injected fault is logged on stderr, a line
+starting :data:`INJECTED` (``moto.log`` on the local stack). While a window is open:
 
 - SNS ``Publish`` and ``PublishBatch`` answer ``status`` with an ``InternalError`` (SNS's query
   protocol error document); other SNS actions are untouched.
@@ -33,12 +34,15 @@ import io
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+#: How each injected fault is logged on the emulator's stderr (the local stack's ``moto.log``).
+INJECTED = "asyncinfer.local.faults: injected"
 #: The faults file's name in the local stack's state directory.
 FAULTS_FILE = "emulator-faults.json"
 
@@ -117,6 +121,8 @@ class FaultInjector:
         if fault is None:
             return self.app(environ, start_response)
         service, status = fault
+        method, path = environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")
+        print(f"{INJECTED} {status} {service} {method} {path}", file=sys.stderr, flush=True)
         if service == "s3":
             body = (
                 b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
