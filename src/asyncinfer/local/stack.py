@@ -50,6 +50,16 @@ from asyncinfer.sweeper import expire_due, take_back_lapsed
 
 log = logging.getLogger("asyncinfer.local")
 
+
+def emit_line(line: str) -> None:
+    """Write ``line`` and its newline to stdout in one write, then flush. Workers share this
+    stdout: ``print`` (unbuffered, as under ``PYTHONUNBUFFERED=1``) writes the text and the
+    newline separately, and a worker's log line written in between was glued onto an event
+    line (``... attempts=1`` + ``2026-12-01 ...``), which misled readers of the event log."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 DLQ_HANDLER = "asyncinfer.dlq:lambda_handler"
 WEBHOOK_HANDLER = "asyncinfer.webhooks.dispatcher:lambda_handler"
 #: Seconds a worker gets between SIGTERM and SIGKILL when the stack stops.
@@ -307,10 +317,9 @@ class LocalStack:
                 event = json.loads(m["Body"])
                 job = event["data"]
                 extra = f" error={job['error'].get('code')}" if job.get("error") else ""
-                print(
+                emit_line(
                     f"{event['timestamp']} {event['type']:<14} {job['id']} "
-                    f"model={job['model']} attempts={job['attempts']}{extra}",
-                    flush=True,
+                    f"model={job['model']} attempts={job['attempts']}{extra}"
                 )
             except (ValueError, KeyError, TypeError, AttributeError):
                 log.warning("unreadable event: %.200s", m.get("Body"))
