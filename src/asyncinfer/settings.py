@@ -47,6 +47,9 @@ Environment variables (all optional unless a component needs the resource):
 ``ASYNCINFER_ECHO_BATCHING``       ``0``: the echo model runs one job at a time (default ``1``:
                                     the items of a batch together)
 ``ASYNCINFER_LOCAL``                ``1`` on the local stack: webhooks may use http and loopback
+``ASYNCINFER_EMULATOR_FAULTS``      tests only: ``1``, the local stack's emulator answers the
+                                    injected SNS/S3 faults of its state directory's faults file
+                                    (:mod:`asyncinfer.local.faults`; default off)
 ``ASYNCINFER_WEBHOOK_QUEUE_URL``    SQS queue of the webhook dispatcher (subscribed to the topic)
 ``ASYNCINFER_WEBHOOK_DLQ_URL``      where webhook events go after the retry window
 ``ASYNCINFER_WEBHOOK_SECRETS_KEY``  KMS key (id, ARN or alias) that encrypts tenants' webhook
@@ -120,6 +123,9 @@ class Settings(BaseModel):
     token_budget: int = 32768
     echo_batching: bool = True
     local_mode: bool = False
+    #: Test-only: the local stack's emulator answers injected SNS/S3 faults
+    #: (asyncinfer.local.faults; ``ASYNCINFER_EMULATOR_FAULTS=1``). Off by default.
+    local_emulator_faults: bool = False
     webhook_queue_url: str = ""
     webhook_dlq_url: str = ""
     webhook_secrets_key: str = ""
@@ -234,6 +240,11 @@ class Settings(BaseModel):
         if region:
             values["region"] = region
         values["local_mode"] = env.get("ASYNCINFER_LOCAL", "") in ("1", "true", "yes")
+        values["local_emulator_faults"] = env.get("ASYNCINFER_EMULATOR_FAULTS", "") in (
+            "1",
+            "true",
+            "yes",
+        )
         if env.get("ASYNCINFER_ECHO_BATCHING"):
             values["echo_batching"] = env["ASYNCINFER_ECHO_BATCHING"] not in ("0", "false", "no")
         raw_queues = env.get("ASYNCINFER_QUEUE_URLS")

@@ -55,7 +55,7 @@ def expire_due(settings: Settings, *, limit: int = 500) -> list[str]:
             if record is None:
                 continue
             progressed = True
-            events.publish(record)
+            _publish(events, record)
             expired.append(job_id)
         if not progressed:
             break
@@ -90,11 +90,24 @@ def take_back_lapsed(settings: Settings, *, limit: int = 500) -> list[dict[str, 
                 log.exception("could not take back job %s", job_id)
                 continue
             if record is not None:
-                events.publish(record)
+                _publish(events, record)
                 taken.append(record)
     if taken:
         log.info("took back %d running jobs whose lease lapsed", len(taken))
     return taken
+
+
+def _publish(events: EventPublisher, record: dict[str, Any]) -> None:
+    """Publish the event of a transition the sweep wrote; an SNS failure is logged, never
+    raised: the write is done, and the sweep goes on with the other jobs (before, one failed
+    publish in an SNS outage ended the round, leaving the other lapsed or expired jobs as they
+    were). The event itself is then lost: the sweeper has no outbox yet (issue 14, behaviour 6)."""
+    try:
+        events.publish(record)
+    except Exception:
+        log.exception(
+            "job %s is %s but its event was not published", record["job_id"], record["status"]
+        )
 
 
 def _take_back_one(

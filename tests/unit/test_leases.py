@@ -465,3 +465,30 @@ def test_a_stalled_worker_leaves_the_message_of_the_newer_attempt_alone(
         QueueUrl=lset.queue_url("echo"), ReceiptHandle=second["ReceiptHandle"], VisibilityTimeout=0
     )
     assert json.loads(receive(lset)["Body"])["job_id"] == job_id
+
+
+def test_an_sns_failure_does_not_stop_the_sweep(
+    lset: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chaos run (tests/e2e/test_chaos.py): a publish that failed in an SNS outage raised
+    out of the sweep, so the other lapsed and expired jobs of the round stayed as they were."""
+    store = JobStore(lset)
+    lapsed = [submit(lset) for _ in range(3)]
+    for j in lapsed:
+        store.transition(j, from_status="queued", to_status="running", increment_attempts=True)
+    due = [submit(lset, ttl_seconds=10) for _ in range(2)]
+    calls: list[str] = []
+
+    def failing_publish(self: Any, record: dict[str, Any]) -> None:
+        calls.append(record["job_id"])
+        raise RuntimeError("SNS is down")
+
+    monkeypatch.setattr(sweeper.EventPublisher, "publish", failing_publish)
+    later(monkeypatch, 30)  # past the leases (5 s) and the TTLs (10 s)
+    taken = sweeper.take_back_lapsed(lset)
+    assert sorted(r["job_id"] for r in taken) == sorted(lapsed)
+    assert sorted(sweeper.expire_due(lset)) == sorted(due)
+    assert sorted(calls) == sorted(lapsed + due)  # each event was tried
+    for j in lapsed:
+        rec = store.get(j)
+        assert rec is not None and rec["status"] == "queued"

@@ -2,7 +2,8 @@
 
 ``python -m asyncinfer.local.emulator -H 127.0.0.1 -p PORT`` is ``python -m moto.server`` with two
 changes to its DynamoDB backend (:func:`patch_dynamodb`) and one to its request parsing
-(:func:`patch_put_bodies`).
+(:func:`patch_put_bodies`); with ``--faults-file`` (tests only) it also answers injected SNS and
+S3 faults (:mod:`asyncinfer.local.faults`).
 
 **Item operations one at a time.** moto server answers each request in a thread of its own, and
 its DynamoDB backend has no lock: a ``TransactWriteItems`` that is cancelled restores a copy of
@@ -32,9 +33,10 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import IO, Any
 
-from asyncinfer.local import lifeline
+from asyncinfer.local import faults, lifeline
 
 _local = threading.local()
 
@@ -168,17 +170,25 @@ def patch_transaction_copies() -> bool:
 
 
 def start_emulator(
-    port: int, *, stderr: IO[bytes] | int = subprocess.DEVNULL
+    port: int,
+    *,
+    stderr: IO[bytes] | int = subprocess.DEVNULL,
+    faults_file: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start the emulator on ``127.0.0.1:port`` in a new session (Ctrl-C reaches whoever owns it,
     which stops it in order). Returns at once; the caller waits for it to answer.
 
     The emulator holds a lifeline to this process (:mod:`asyncinfer.local.lifeline`): if this
     process dies without stopping it, the emulator ends within about a second (through the
-    parent-death signal too when started from the main thread, whose end is the process's)."""
+    parent-death signal too when started from the main thread, whose end is the process's).
+
+    ``faults_file``: test-only fault injection (:mod:`asyncinfer.local.faults`); off when
+    ``None``."""
     hold = ["--lifeline-pid", str(os.getpid())]
     if threading.current_thread() is threading.main_thread():
         hold.append("--lifeline-pdeathsig")
+    if faults_file is not None:
+        hold += ["--faults-file", str(faults_file)]
     args = [*hold, "-H", "127.0.0.1", "-p", str(port)]
     return subprocess.Popen(
         [sys.executable, "-m", "asyncinfer.local.emulator", *args],
@@ -189,13 +199,19 @@ def start_emulator(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Patch moto (:func:`patch_dynamodb`, :func:`patch_put_bodies`), then run
-    ``moto.server.main`` with ``argv``."""
+    """Patch moto (:func:`patch_dynamodb`, :func:`patch_put_bodies`; with ``--faults-file PATH``
+    the test-only fault injection of :mod:`asyncinfer.local.faults`), then run
+    ``moto.server.main`` with the other arguments of ``argv``."""
     from moto import server
 
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--faults-file", type=Path, default=None)
+    ours, rest = parser.parse_known_args(argv)
     patch_dynamodb()
     patch_put_bodies()
-    server.main(argv)
+    if ours.faults_file is not None:
+        faults.install(ours.faults_file)
+    server.main(rest)
 
 
 def hold_lifeline(argv: list[str]) -> list[str]:

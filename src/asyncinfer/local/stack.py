@@ -37,6 +37,7 @@ from asyncinfer.local import shutdown
 from asyncinfer.local.autoscaler import LocalAutoscaler, sqs_queue_counts
 from asyncinfer.local.emulator import start_emulator
 from asyncinfer.local.event_source import pump_once
+from asyncinfer.local.faults import FAULTS_FILE
 from asyncinfer.local.gateway import LocalGateway
 from asyncinfer.local.lambda_runtime import LambdaPool
 from asyncinfer.local.resources import Resources, create_resources
@@ -48,6 +49,16 @@ from asyncinfer.settings import Settings
 from asyncinfer.sweeper import expire_due, take_back_lapsed
 
 log = logging.getLogger("asyncinfer.local")
+
+
+def emit_line(line: str) -> None:
+    """Write ``line`` and its newline to stdout in one write, then flush. Workers share this
+    stdout: ``print`` (unbuffered, as under ``PYTHONUNBUFFERED=1``) writes the text and the
+    newline separately, and a worker's log line written in between was glued onto an event
+    line (``... attempts=1`` + ``2026-12-01 ...``), which misled readers of the event log."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
 
 DLQ_HANDLER = "asyncinfer.dlq:lambda_handler"
 WEBHOOK_HANDLER = "asyncinfer.webhooks.dispatcher:lambda_handler"
@@ -151,7 +162,12 @@ class LocalStack:
             print(f"asyncinfer local: {note}", file=sys.stderr, flush=True)
         moto_port = free_port()
         endpoint = f"http://127.0.0.1:{moto_port}"
-        self.moto = start_emulator(moto_port, stderr=(opts.state_dir / "moto.log").open("wb"))
+        faults_file = (
+            opts.state_dir / FAULTS_FILE if Settings.from_env().local_emulator_faults else None
+        )
+        self.moto = start_emulator(
+            moto_port, stderr=(opts.state_dir / "moto.log").open("wb"), faults_file=faults_file
+        )
         if opts.warm_workers and forkserver_available():
             self.warm = WarmStarter()
             self.warm.start()  # imports torch and transformers while the rest starts
@@ -301,10 +317,9 @@ class LocalStack:
                 event = json.loads(m["Body"])
                 job = event["data"]
                 extra = f" error={job['error'].get('code')}" if job.get("error") else ""
-                print(
+                emit_line(
                     f"{event['timestamp']} {event['type']:<14} {job['id']} "
-                    f"model={job['model']} attempts={job['attempts']}{extra}",
-                    flush=True,
+                    f"model={job['model']} attempts={job['attempts']}{extra}"
                 )
             except (ValueError, KeyError, TypeError, AttributeError):
                 log.warning("unreadable event: %.200s", m.get("Body"))
