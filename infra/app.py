@@ -1,7 +1,8 @@
 """CDK entry point (``cdk.json``: ``app``). Reads the context settings, validates them (every
 conflict in one error) and synthesizes the stack.
 
-Usage: ``npx cdk synth -c compute=ecs`` or ``npx cdk synth -c compute=sagemaker``.
+Usage: ``npx cdk synth`` (each model's compute from ``models.yaml``), ``-c models_file=PATH`` for
+another catalogue, ``-c compute=sagemaker`` to put every model on SageMaker.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ for p in (ROOT, ROOT / "src"):
 
 import aws_cdk as cdk  # noqa: E402
 
+from asyncinfer.errors import CatalogueError  # noqa: E402
 from infra.config import DeployConfigError, load_config  # noqa: E402
 from infra.stack import AsyncInferStack  # noqa: E402
 
@@ -57,10 +59,11 @@ def build_app(app: cdk.App | None = None) -> tuple[cdk.App, AsyncInferStack]:
 
 
 def main() -> None:
-    """Synthesize; print the configuration errors and exit 1 if the settings are invalid."""
+    """Synthesize; print the configuration errors (or the catalogue's, every problem of
+    ``models_file`` listed) and exit 1 if the settings are invalid."""
     try:
         app, _ = build_app()
-    except DeployConfigError as exc:
+    except (DeployConfigError, CatalogueError) as exc:
         print(exc, file=sys.stderr)
         sys.exit(1)
     app.synth()

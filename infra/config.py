@@ -17,11 +17,15 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-try:  # the model registry is the source of truth for model ids
-    from asyncinfer.models.registry import MODELS
+try:  # the model catalogue (models.yaml) is the source of truth for model ids
+    from asyncinfer.models.catalogue import Catalogue, load_catalogue
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO_ROOT / "src"))
-    from asyncinfer.models.registry import MODELS
+    from asyncinfer.models.catalogue import Catalogue, load_catalogue
+
+from infra.model_compute import ModelCompute  # noqa: E402
+from infra.model_compute import problems as compute_problems  # noqa: E402
+from infra.model_compute import resolve as resolve_compute  # noqa: E402
 
 #: Default value of every context key (the ``asyncinfer:`` prefix is optional on the CLI).
 DEFAULTS: dict[str, Any] = {
@@ -31,6 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "min_workers": 0,
     "max_workers": 2,
     "models": "all",
+    "models_file": "models.yaml",
     "visibility_timeout": 120,
     "heartbeat_seconds": 0,
     "max_receive_count": 3,
@@ -140,7 +145,11 @@ class DeployConfigError(ValueError):
 class DeployConfig:
     """Validated deployment settings (durations in seconds unless the name says otherwise).
 
-    Attributes mirror :data:`DEFAULTS`; ``models`` is the list of model ids to deploy.
+    Attributes mirror :data:`DEFAULTS`; ``models`` is the list of model ids to deploy,
+    ``models_file`` the catalogue (relative to the repository root, or absolute), ``catalogue``
+    the loaded catalogue and ``model_compute`` each deployed model's resolved compute
+    (:mod:`infra.model_compute`: an explicit context key overrides the entry's value).
+    ``compute`` is the stack's one backend.
     """
 
     compute: str
@@ -187,6 +196,14 @@ class DeployConfig:
     sweeper_reserved_concurrency: int
     bridge_reserved_concurrency: int
     completion_reserved_concurrency: int
+    models_file: str
+    catalogue: Catalogue
+    model_compute: dict[str, ModelCompute]
+
+    @property
+    def models_path(self) -> Path:
+        """The catalogue file, absolute."""
+        return (REPO_ROOT / self.models_file).resolve()
 
     def prefix_for(self, stack_name: str) -> str:
         """The resource prefix (:mod:`asyncinfer.naming`): the set one, else
@@ -258,9 +275,7 @@ def _to_models(v: Any) -> tuple[str, ...]:
         else:
             items = [x.strip() for x in s.split(",")]
     items = [x for x in items if x]
-    if items == ["all"]:
-        return tuple(MODELS)
-    return tuple(dict.fromkeys(items))
+    return tuple(dict.fromkeys(items))  # ("all",) is resolved against the catalogue
 
 
 #: An ``input_locations`` entry: an S3 bucket name (S3 naming rules), optionally ``/prefix``.
@@ -282,6 +297,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "instance_type": lambda v: str(v).strip(),
     "gpu": _to_bool,
     "models": _to_models,
+    "models_file": lambda v: str(v).strip(),
     "heartbeat_seconds": float,
     "throttle_rate": float,
     "quota_period": lambda v: str(v).strip().upper(),
@@ -304,15 +320,21 @@ def load_config(context: Mapping[str, Any]) -> DeployConfig:
         context: key -> value; keys may carry an ``asyncinfer:`` prefix. Unknown keys starting
             with ``asyncinfer:`` are reported as conflicts (typos); other keys are ignored.
 
+    The catalogue named by ``models_file`` is loaded first; each deployed entry's compute is
+    resolved from it and the context (:func:`infra.model_compute.resolve`).
+
     Raises:
+        CatalogueError: the catalogue is invalid (its one error, listing every problem).
         DeployConfigError: listing every malformed value and every conflict between values.
     """
     problems: list[str] = []
     raw: dict[str, Any] = dict(DEFAULTS)
+    explicit: set[str] = set()
     for key, value in context.items():
         name = key.removeprefix("asyncinfer:")
         if name in DEFAULTS:
             raw[name] = value
+            explicit.add(name)
         elif key.startswith("asyncinfer:"):
             problems.append(f"unknown setting {key!r} (known: {', '.join(sorted(DEFAULTS))})")
     values: dict[str, Any] = {}
@@ -323,20 +345,29 @@ def load_config(context: Mapping[str, Any]) -> DeployConfig:
         except (TypeError, ValueError) as exc:
             problems.append(f"{name}={raw[name]!r} is not valid: {exc}")
             values[name] = conv(default)
-    problems.extend(_conflicts(values))
+    catalogue = load_catalogue(REPO_ROOT / values["models_file"])
+    if values["models"] == ("all",):
+        values["models"] = tuple(catalogue.ids)
+    computes = resolve_compute(catalogue, values["models"], values, explicit)
+    backends = {c.backend for c in computes.values()}
+    if "compute" not in explicit and len(backends) == 1:
+        values["compute"] = backends.pop()
+    problems.extend(_conflicts(values, catalogue.ids))
+    problems.extend(compute_problems(computes, GPU_FAMILIES))
     if problems:
         raise DeployConfigError(problems)
-    return DeployConfig(**values)
+    return DeployConfig(**values, catalogue=catalogue, model_compute=computes)
 
 
-def _conflicts(v: dict[str, Any]) -> list[str]:
-    """Every rule the values break; empty when they are consistent."""
+def _conflicts(v: dict[str, Any], known: list[str]) -> list[str]:
+    """Every rule the values break (``known``: the catalogue's ids); empty when they are
+    consistent."""
     p: list[str] = []
     if v["compute"] not in ("ecs", "sagemaker"):
         p.append(f"compute={v['compute']!r} must be 'ecs' or 'sagemaker'")
-    unknown = [m for m in v["models"] if m not in MODELS]
+    unknown = [m for m in v["models"] if m not in known]
     if unknown:
-        p.append(f"models: unknown model id(s) {unknown}; known: {sorted(MODELS)}")
+        p.append(f"models: unknown model id(s) {unknown}; known: {sorted(known)}")
     if not v["models"]:
         p.append("models: at least one model must be deployed")
     itype = v["instance_type"].removeprefix("ml.")

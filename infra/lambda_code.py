@@ -49,22 +49,28 @@ def _package_dir(module: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def stage_lambda_code(name: str, *, vendored: tuple[str, ...] = ("ulid",)) -> str:
+def stage_lambda_code(
+    name: str, *, vendored: tuple[str, ...] = ("ulid",), models_file: Path | None = None
+) -> str:
     """Assemble the code directory of ``lambdas/<name>`` and return its path.
 
     Args:
         name: a folder under ``lambdas/`` holding ``app.py`` (the entry point ``app.handler``).
         vendored: importable packages copied from the current environment into the asset.
+        models_file: a model catalogue staged into the asset by :func:`stage_catalogue`
+            (the function's ``ASYNCINFER_MODELS_FILE`` is then ``/var/task/`` +
+            :func:`catalogue_path_in_asset`).
 
     The directory is built once per process; CDK fingerprints its content, so the asset hash
     changes only when the code does.
     """
-    if name in _staged:
-        return str(_staged[name])
+    key = name if models_file is None else f"{name}|{Path(models_file).resolve()}"
+    if key in _staged:
+        return str(_staged[key])
     src = REPO_ROOT / "lambdas" / name
     if not src.is_dir():
         raise FileNotFoundError(f"no Lambda source folder {src}")
-    out = _staging_root() / name
+    out = _staging_root() / (name if models_file is None else f"{name}-{len(_staged)}")
     shutil.copytree(REPO_ROOT / "src" / "asyncinfer", out / "asyncinfer", ignore=_IGNORE)
     for module in vendored:
         shutil.copytree(_package_dir(module), out / module, ignore=_IGNORE)
@@ -79,12 +85,19 @@ def stage_lambda_code(name: str, *, vendored: tuple[str, ...] = ("ulid",)) -> st
             shutil.copytree(item, out / item.name, ignore=_IGNORE)
         else:
             shutil.copy2(item, out / item.name)
-    _staged[name] = out
+    if models_file is not None:
+        stage_catalogue(Path(models_file), out)
+    _staged[key] = out
     return str(out)
 
 
 #: Where :func:`stage_catalogue` puts a catalogue inside a code asset (``/var/task/`` + this).
 CATALOGUE_DIR = "catalogue"
+
+
+def catalogue_path_in_asset(models_file: Path) -> str:
+    """Where :func:`stage_catalogue` puts ``models_file`` inside an asset (relative)."""
+    return f"{CATALOGUE_DIR}/{Path(models_file).name}"
 
 
 def stage_catalogue(models_file: Path, out: Path) -> str:

@@ -8,6 +8,8 @@ is reported, not silently accepted. Nothing acknowledged concerns data exposure 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aws_cdk import Acknowledgment, CfnElement, Names, Stack, Validations
 from constructs import IConstruct
 
@@ -81,11 +83,16 @@ def add_suppressions(
     bucket: IConstruct,
     cluster: IConstruct | None = None,
     asg: IConstruct | None = None,
+    asgs: Sequence[IConstruct] = (),
+    weight_prefixes: Sequence[tuple[str, str]] = (),
 ) -> None:
     """Acknowledge, on ``stack``, the findings this design accepts.
 
     Args:
-        table / bucket / cluster / asg: the constructs whose ARNs appear in wildcard resources.
+        table / bucket / cluster / asg / asgs: the constructs whose ARNs appear in wildcard
+            resources.
+        weight_prefixes: ``(bucket, prefix)`` of the catalogue's ``s3://`` sources (read grants
+            on ``bucket/prefix*``, infra.model_compute).
     """
     acks: dict[str, str] = dict(RULES)
     for policy, reason in MANAGED_POLICIES.items():
@@ -117,16 +124,21 @@ def add_suppressions(
     )
     if cluster is not None:
         c = _lid(stack, cluster)
-        if asg is not None:
-            group = f"{arn.format('autoscaling')}autoScalingGroup:*:autoScalingGroupName/"
-            resources[f"{group}<{_lid(stack, asg)}>"] = (
-                "The GPU group by name (its ARN holds a generated id): released at stack deletion."
+        group = f"{arn.format('autoscaling')}autoScalingGroup:*:autoScalingGroupName/"
+        for one in dict.fromkeys([*([asg] if asg is not None else []), *asgs]):
+            resources[f"{group}<{_lid(stack, one)}>"] = (
+                "A capacity group by name (its ARN holds a generated id): released at stack "
+                "deletion."
             )
         resources[f"{arn.format('ecs')}service/<{c}>/{prefix}*"] = (
             "The worker services of this cluster by the naming rule (wake on submit, backlog)."
         )
         resources[f"arn:<AWS::Partition>:ecs:<AWS::Region>:<AWS::AccountId>:task/<{c}>/*"] = (
             "Task scale-in protection on tasks of this cluster only (task ids are not known)."
+        )
+    for wbucket, wprefix in weight_prefixes:
+        resources[f"arn:<AWS::Partition>:s3:::{wbucket}/{wprefix}*"] = (
+            "A catalogue entry's s3:// weights: read on exactly its source prefix (models.yaml)."
         )
     # In nested stacks (a large catalogue, infra.components.model_scopes) the same resources
     # appear through CDK's parameters: <lid.Arn> as <referenceto<unique id>Arn>, <lid> as

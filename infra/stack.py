@@ -40,6 +40,7 @@ from infra.components.sagemaker_endpoints import SageMakerEndpoints, endpoint_me
 from infra.components.storage import DataBucket, JobTable
 from infra.components.webhooks import WebhookDelivery
 from infra.config import LOG_RETENTION_DAYS, REPO_ROOT, DeployConfig, DeployConfigError
+from infra.model_compute import grant_weight_read
 from infra.nag import add_suppressions
 
 #: Timeout of the API Lambda: API Gateway's integration timeout is 29 s (``?wait`` holds <= 20 s).
@@ -112,6 +113,7 @@ class AsyncInferStack(Stack):
         if cfg.input_locations:
             env["ASYNCINFER_INPUT_LOCATIONS"] = ",".join(cfg.input_locations)
         fn_common: dict[str, Any] = {
+            "models_file": cfg.models_path,
             "layer": layer,
             "log_retention": retention,
             "removal_policy": RemovalPolicy.DESTROY,
@@ -210,7 +212,11 @@ class AsyncInferStack(Stack):
         )
         workers_metric: dict[str, cloudwatch.IMetric]
         if cfg.compute == "ecs":
-            worker_env = {**env, "ASYNCINFER_DRAIN_SECONDS": str(cfg.drain_seconds)}
+            worker_env = {
+                **env,
+                "ASYNCINFER_DRAIN_SECONDS": str(cfg.drain_seconds),
+                "ASYNCINFER_MODELS_FILE": worker_models_file(cfg),
+            }
             release_fn = PythonFunction(
                 self,
                 "CapacityReleaseFn",
@@ -228,11 +234,7 @@ class AsyncInferStack(Stack):
                 queues=self.queues.queues,
                 prefix=prefix,
                 environment=worker_env,
-                instance_type=cfg.ec2_instance_type,
-                gpu=cfg.gpu,
-                min_workers=cfg.min_workers,
-                max_workers=cfg.max_workers,
-                backlog_per_worker=cfg.backlog_per_worker,
+                computes=cfg.model_compute,
                 stop_timeout=cfg.stop_timeout,
                 memory_reservation_mib=WORKER_MEMORY_MIB,
                 log_retention=retention,
@@ -254,6 +256,7 @@ class AsyncInferStack(Stack):
                 self.bucket.grant_put(role, "outputs/*")
                 self.bucket.grant_delete(role, "outputs/*")
                 self.events_topic.grant_publish(role)
+                grant_weight_read(role, cfg.model_compute[model])
             self.backlog_fn = PythonFunction(
                 self,
                 "BacklogFn",
@@ -304,15 +307,13 @@ class AsyncInferStack(Stack):
                 bucket=self.bucket,
                 success_topic=success,
                 error_topic=error,
-                environment=env,
-                instance_type=cfg.sagemaker_instance_type,
-                max_workers=cfg.max_workers,
-                backlog_per_worker=cfg.backlog_per_worker,
+                environment={**env, "ASYNCINFER_MODELS_FILE": worker_models_file(cfg)},
+                computes=cfg.model_compute,
                 max_concurrent_invocations=cfg.sagemaker_max_concurrent_invocations,
                 log_retention=retention,
                 scopes=scopes,
             )
-            grant_input_locations(self, [self.sagemaker.role], cfg.input_locations)
+            grant_input_locations(self, self.sagemaker.roles, cfg.input_locations)
             sm_env = env
             self.bridge_fn = PythonFunction(
                 self,
@@ -396,7 +397,27 @@ class AsyncInferStack(Stack):
             bucket=self.bucket,
             cluster=self.ecs.cluster if cfg.compute == "ecs" else None,
             asg=self.ecs.asg if cfg.compute == "ecs" else None,
+            asgs=self.ecs.asgs if cfg.compute == "ecs" else (),
+            weight_prefixes=[w for c in cfg.model_compute.values() for w in c.weight_prefixes],
         )
+
+
+#: The worker image's working directory (``container/Dockerfile``: ``WORKDIR``; it copies the
+#: repository's ``models.yaml`` there).
+IMAGE_ROOT = "/opt/asyncinfer"
+
+
+def worker_models_file(cfg: DeployConfig) -> str:
+    """The catalogue's path inside the worker image: ``/opt/asyncinfer/`` + its path relative to
+    the repository (the image builds from the repository root; ``container/Dockerfile`` copies
+    ``models.yaml``, a custom ``worker_dockerfile`` copies the deployer's folder), or
+    ``/opt/asyncinfer/catalogue/<name>`` for a file outside the repository (the deployer's
+    Dockerfile copies its folder there; ``docs/deploy.md``)."""
+    path = cfg.models_path
+    try:
+        return f"{IMAGE_ROOT}/{path.relative_to(REPO_ROOT.resolve()).as_posix()}"
+    except ValueError:
+        return f"{IMAGE_ROOT}/catalogue/{path.name}"
 
 
 def _sqs_trigger(scope: Construct, id: str, fn: lambda_.IFunction, queue: sqs.IQueue) -> None:

@@ -21,11 +21,15 @@ from constructs import Construct
 from asyncinfer import naming
 from infra.components.function import METRICS_NAMESPACE
 from infra.components.model_scopes import ModelScopes
+from infra.model_compute import ModelCompute
 
 #: Metrics the backlog Lambda publishes each minute (namespace ``asyncinfer``, dimension Model);
 #: see :mod:`asyncinfer.backlog`.
 BACKLOG_PER_TASK = "BacklogPerTask"
 BACKLOG_WITHOUT_CAPACITY = "BacklogWithoutCapacity"
+#: Soft memory reservation of a CPU worker task, MiB: small enough to place on a 2-vCPU/4 GiB
+#: instance (c7i.large) beside the ECS agent; the task may use more (no hard limit is set).
+CPU_MEMORY_RESERVATION_MIB = 1024
 
 
 def backlog_metric(name: str, model: str) -> cloudwatch.Metric:
@@ -64,12 +68,13 @@ class EcsWorkers(Construct):
         queues: model id -> job queue.
         prefix: the deployment's resource prefix (service names, :mod:`asyncinfer.naming`).
         environment: ``ASYNCINFER_*`` settings for the container.
-        instance_type: EC2 instance type.
-        gpu: reserve one GPU per task and use the GPU AMI.
-        min_workers / max_workers: tasks per model.
-        backlog_per_worker: target of ``BacklogPerTask``, messages.
+        computes: model id -> its compute (instance type, GPUs per task, min/max tasks,
+            ``BacklogPerTask`` target); models sharing an instance type and GPU-or-not share one
+            capacity group (launch template, Auto Scaling group, capacity provider). A model with
+            ``gpus: 0`` runs on CPU instances (the standard ECS AMI, no GPU reservation).
         stop_timeout: seconds ECS waits after SIGTERM before SIGKILL (max 120).
-        memory_reservation_mib: soft memory reservation of a task.
+        memory_reservation_mib: soft memory reservation of a GPU task (a CPU task reserves
+            :data:`CPU_MEMORY_RESERVATION_MIB`).
         log_retention / removal_policy: of the container and flow log groups.
         container_insights: Container Insights on the cluster (CloudWatch charges per metric).
         ssm_access: the instance role gets ``AmazonSSMManagedInstanceCore`` (Session Manager
@@ -90,11 +95,7 @@ class EcsWorkers(Construct):
         queues: Mapping[str, sqs.IQueue],
         prefix: str,
         environment: Mapping[str, str],
-        instance_type: str,
-        gpu: bool,
-        min_workers: int,
-        max_workers: int,
-        backlog_per_worker: int,
+        computes: Mapping[str, ModelCompute],
         stop_timeout: int,
         memory_reservation_mib: int,
         log_retention: logs.RetentionDays,
@@ -143,7 +144,6 @@ class EcsWorkers(Construct):
             allow_all_outbound=True,
             description="asyncinfer GPU workers: no inbound",
         )
-        hw = ecs.AmiHardwareType.GPU if gpu else ecs.AmiHardwareType.STANDARD
         instance_role = iam.Role(
             self, "InstanceRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com")
         )
@@ -156,59 +156,35 @@ class EcsWorkers(Construct):
             instance_role.add_managed_policy(
                 iam.ManagedPolicy.from_aws_managed_policy_name("AmazonSSMManagedInstanceCore")
             )
-        launch_template = ec2.LaunchTemplate(
-            self,
-            "LaunchTemplate",
-            instance_type=ec2.InstanceType(instance_type),
-            machine_image=ecs.EcsOptimizedImage.amazon_linux2023(hw),
-            user_data=ec2.UserData.for_linux(),
-            role=instance_role,
-            security_group=sg,
-            require_imdsv2=True,
-            http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
-            http_put_response_hop_limit=1,
-            associate_public_ip_address=True,
-            detailed_monitoring=False,
-            block_devices=[
-                ec2.BlockDevice(
-                    device_name="/dev/xvda",
-                    volume=ec2.BlockDeviceVolume.ebs(
-                        200,
-                        encrypted=True,
-                        volume_type=ec2.EbsDeviceVolumeType.GP3,
-                        delete_on_termination=True,
-                    ),
-                )
-            ],
-        )
-        n_models = len(queues)
-        self.asg = autoscaling.AutoScalingGroup(
-            self,
-            "Asg",
-            vpc=self.vpc,
-            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
-            launch_template=launch_template,
-            min_capacity=min_workers * n_models,
-            max_capacity=max_workers * n_models,
-        )
-        self.capacity_provider = ecs.AsgCapacityProvider(
-            self,
-            "CapacityProvider",
-            auto_scaling_group=self.asg,
-            enable_managed_scaling=True,
-            enable_managed_termination_protection=True,
-            enable_managed_draining=True,
-            target_capacity_percent=100,
-        )
-        self.cluster.add_asg_capacity_provider(self.capacity_provider)
-        self.release: CustomResource | None = None
-        if capacity_release is not None:
-            self.release = self._capacity_release(capacity_release)
+        self._instance_role, self._sg = instance_role, sg
+        self._capacity_release_fn = capacity_release
+        #: Models of each capacity group, keyed (instance type, GPU or not), in model order.
+        groups: dict[tuple[str, bool], list[str]] = {}
+        for model, c in computes.items():
+            groups.setdefault((c.instance_type, c.gpus > 0), []).append(model)
+        #: model id -> the capacity provider its service places tasks on.
+        self.capacity_providers: dict[str, ecs.AsgCapacityProvider] = {}
+        self.asgs: list[autoscaling.AutoScalingGroup] = []
+        self.releases: list[CustomResource] = []
+        for index, ((itype, gpu), members) in enumerate(groups.items()):
+            cp = self._capacity_group(
+                index,
+                instance_type=itype,
+                gpu=gpu,
+                min_instances=sum(computes[m].min_workers for m in members),
+                max_instances=sum(computes[m].max_workers for m in members),
+            )
+            for m in members:
+                self.capacity_providers[m] = cp
+        #: The first group's (a catalogue on one instance type has one group).
+        self.asg = self.asgs[0]
+        self.release: CustomResource | None = self.releases[0] if self.releases else None
 
         self.services: dict[str, ecs.Ec2Service] = {}
         self.task_roles: dict[str, iam.Role] = {}
         stack = Stack.of(self)
         for model, _queue in queues.items():
+            c = computes[model]
             sc = scopes.of(self, model) if scopes else self
             task_def = ecs.Ec2TaskDefinition(
                 sc, f"{model}-task", network_mode=ecs.NetworkMode.BRIDGE
@@ -220,8 +196,10 @@ class EcsWorkers(Construct):
                 "worker",
                 image=ecs.ContainerImage.from_docker_image_asset(image),
                 command=["worker", "--model", model],
-                memory_reservation_mib=memory_reservation_mib,
-                gpu_count=1 if gpu else None,
+                memory_reservation_mib=(
+                    memory_reservation_mib if c.gpus else CPU_MEMORY_RESERVATION_MIB
+                ),
+                gpu_count=c.gpus or None,
                 stop_timeout=Duration.seconds(stop_timeout),
                 environment={**environment, "AWS_REGION": Aws.REGION, "ASYNCINFER_COMPUTE": "ecs"},
                 logging=ecs.LogDrivers.aws_logs(stream_prefix=model, log_group=log_group),
@@ -248,13 +226,14 @@ class EcsWorkers(Construct):
                 service_name=naming.ecs_service_name(prefix, model),
                 cluster=self.cluster,
                 task_definition=task_def,
-                desired_count=min_workers,
+                desired_count=c.min_workers,
                 min_healthy_percent=0,
                 max_healthy_percent=100,
                 circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
                 capacity_provider_strategies=[
                     ecs.CapacityProviderStrategy(
-                        capacity_provider=self.capacity_provider.capacity_provider_name, weight=1
+                        capacity_provider=self.capacity_providers[model].capacity_provider_name,
+                        weight=1,
                     )
                 ],
                 enable_ecs_managed_tags=True,
@@ -263,15 +242,15 @@ class EcsWorkers(Construct):
             # CDK adds the cluster's capacity-provider association (an aspect, at synth) as a
             # child of the cluster; a dependency on the cluster construct includes it.
             service.node.add_dependency(self.cluster)
-            if self.release is not None:
-                service.node.add_dependency(self.release)
+            for release in self.releases:
+                service.node.add_dependency(release)
             scaling = service.auto_scale_task_count(
-                min_capacity=min_workers, max_capacity=max_workers
+                min_capacity=c.min_workers, max_capacity=c.max_workers
             )
             scaling.scale_to_track_custom_metric(
                 "BacklogPerTask",
                 metric=backlog_metric(BACKLOG_PER_TASK, model),
-                target_value=backlog_per_worker,
+                target_value=c.backlog_per_worker,
                 scale_in_cooldown=Duration.minutes(5),
                 scale_out_cooldown=Duration.minutes(1),
             )
@@ -289,14 +268,75 @@ class EcsWorkers(Construct):
             self.services[model] = service
             self.task_roles[model] = task_def.task_role  # type: ignore[assignment]
 
-    def _capacity_release(self, fn: lambda_.IFunction) -> CustomResource:
+    def _capacity_group(
+        self, index: int, *, instance_type: str, gpu: bool, min_instances: int, max_instances: int
+    ) -> ecs.AsgCapacityProvider:
+        """One capacity group: a launch template (the GPU or the standard ECS-optimised AL2023
+        AMI), an Auto Scaling group of ``min_instances..max_instances`` and a managed capacity
+        provider on the cluster, plus its release custom resource. The first group keeps the
+        construct ids of the single group of earlier versions; the others are suffixed."""
+        sfx = "" if index == 0 else str(index + 1)
+        hw = ecs.AmiHardwareType.GPU if gpu else ecs.AmiHardwareType.STANDARD
+        instance_role, sg = self._instance_role, self._sg
+        launch_template = ec2.LaunchTemplate(
+            self,
+            f"LaunchTemplate{sfx}",
+            instance_type=ec2.InstanceType(instance_type),
+            machine_image=ecs.EcsOptimizedImage.amazon_linux2023(hw),
+            user_data=ec2.UserData.for_linux(),
+            role=instance_role,
+            security_group=sg,
+            require_imdsv2=True,
+            http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
+            http_put_response_hop_limit=1,
+            associate_public_ip_address=True,
+            detailed_monitoring=False,
+            block_devices=[
+                ec2.BlockDevice(
+                    device_name="/dev/xvda",
+                    volume=ec2.BlockDeviceVolume.ebs(
+                        200,
+                        encrypted=True,
+                        volume_type=ec2.EbsDeviceVolumeType.GP3,
+                        delete_on_termination=True,
+                    ),
+                )
+            ],
+        )
+        asg = autoscaling.AutoScalingGroup(
+            self,
+            f"Asg{sfx}",
+            vpc=self.vpc,
+            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
+            launch_template=launch_template,
+            min_capacity=min_instances,
+            max_capacity=max_instances,
+        )
+        cp = ecs.AsgCapacityProvider(
+            self,
+            f"CapacityProvider{sfx}",
+            auto_scaling_group=asg,
+            enable_managed_scaling=True,
+            enable_managed_termination_protection=True,
+            enable_managed_draining=True,
+            target_capacity_percent=100,
+        )
+        self.cluster.add_asg_capacity_provider(cp)
+        self.asgs.append(asg)
+        if self._capacity_release_fn is not None:
+            self.releases.append(self._capacity_release(self._capacity_release_fn, asg, sfx))
+        return cp
+
+    def _capacity_release(
+        self, fn: lambda_.IFunction, asg: autoscaling.AutoScalingGroup, sfx: str
+    ) -> CustomResource:
         """The custom resource that releases the group on deletion, with the function's rights
         on this group only (DescribeAutoScalingGroups takes no resource ARN)."""
         stack = Stack.of(self)
         group = stack.format_arn(
             service="autoscaling",
             resource="autoScalingGroup",
-            resource_name=f"*:autoScalingGroupName/{self.asg.auto_scaling_group_name}",
+            resource_name=f"*:autoScalingGroupName/{asg.auto_scaling_group_name}",
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
         iam.Grant.add_to_principal(
@@ -309,12 +349,12 @@ class EcsWorkers(Construct):
         )
         release = CustomResource(
             self,
-            "CapacityRelease",
+            f"CapacityRelease{sfx}",
             service_token=fn.function_arn,
             resource_type="Custom::EcsCapacityRelease",
-            properties={"AutoScalingGroupName": self.asg.auto_scaling_group_name},
+            properties={"AutoScalingGroupName": asg.auto_scaling_group_name},
         )
-        release.node.add_dependency(self.asg)
+        release.node.add_dependency(asg)
         release.node.add_dependency(fn)  # its role and policy outlive the release
         return release
 

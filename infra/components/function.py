@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from importlib.metadata import version as installed_version
+from pathlib import Path
 
 from aws_cdk import Aws, CfnMapping, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_lambda as lambda_
@@ -12,7 +13,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from infra.lambda_code import stage_lambda_code
+from infra.lambda_code import catalogue_path_in_asset, stage_lambda_code
 
 #: The Lambda runtime; the Powertools layer is built per Python version (``python312``).
 RUNTIME = lambda_.Runtime.PYTHON_3_12
@@ -81,6 +82,8 @@ class PythonFunction(Construct):
         reserved_concurrency: executions reserved for (and the most allowed to) this function;
             0 or ``None``: none reserved (the account's unreserved pool).
         tracing: X-Ray active tracing (each trace is billed beyond the free tier).
+        models_file: the model catalogue, staged into the code asset with its input schemas
+            (:func:`infra.lambda_code.stage_catalogue`); ``ASYNCINFER_MODELS_FILE`` points at it.
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class PythonFunction(Construct):
         vendored: tuple[str, ...] = ("ulid",),
         reserved_concurrency: int | None = None,
         tracing: bool = True,
+        models_file: Path | None = None,
     ) -> None:
         super().__init__(scope, id)
         self.log_group = logs.LogGroup(
@@ -114,13 +118,17 @@ class PythonFunction(Construct):
             **({} if tracing else {"POWERTOOLS_TRACE_DISABLED": "true"}),
             **environment,
         }
+        if models_file is not None:
+            env["ASYNCINFER_MODELS_FILE"] = f"/var/task/{catalogue_path_in_asset(models_file)}"
         self.function = lambda_.Function(
             self,
             "Function",
             runtime=RUNTIME,
             architecture=ARCHITECTURE,
             handler="app.handler",
-            code=lambda_.Code.from_asset(stage_lambda_code(code, vendored=vendored)),
+            code=lambda_.Code.from_asset(
+                stage_lambda_code(code, vendored=vendored, models_file=models_file)
+            ),
             environment=env,
             timeout=timeout,
             memory_size=memory_mib,

@@ -21,6 +21,7 @@ from constructs import Construct
 
 from asyncinfer import naming
 from infra.components.model_scopes import ModelScopes
+from infra.model_compute import ModelCompute, grant_weight_read
 
 #: Key prefixes SageMaker writes results and failures under (inside ``outputs/``, which expires).
 OUTPUT_PREFIX = "outputs/sagemaker"
@@ -74,9 +75,9 @@ class SageMakerEndpoints(Construct):
         bucket: data bucket (``inputs/`` and ``uploads/`` read, outputs and failures written).
         success_topic / error_topic: SageMaker notification topics.
         environment: ``ASYNCINFER_*`` settings for the container.
-        instance_type: SageMaker instance type (``ml.`` prefix).
-        max_workers: most instances per endpoint.
-        backlog_per_worker: target of ApproximateBacklogSizePerInstance.
+        computes: model id -> its compute: the endpoint's instance type (``ml.`` + it), most
+            instances, ApproximateBacklogSizePerInstance target, and its ``s3://`` weight
+            prefixes (a model with any gets its own execution role reading exactly those).
         max_concurrent_invocations: MaxConcurrentInvocationsPerInstance (1..1000).
         log_retention / removal_policy: of the endpoints' log groups
             (``/aws/sagemaker/Endpoints/<name>``), created here so that they have a retention
@@ -96,9 +97,7 @@ class SageMakerEndpoints(Construct):
         success_topic: sns.ITopic,
         error_topic: sns.ITopic,
         environment: Mapping[str, str],
-        instance_type: str,
-        max_workers: int,
-        backlog_per_worker: int,
+        computes: Mapping[str, ModelCompute],
         max_concurrent_invocations: int,
         log_retention: logs.RetentionDays,
         removal_policy: RemovalPolicy = RemovalPolicy.DESTROY,
@@ -106,45 +105,23 @@ class SageMakerEndpoints(Construct):
     ) -> None:
         super().__init__(scope, id)
         stack = Stack.of(self)
-        self.role = iam.Role(
-            self,
-            "ExecutionRole",
-            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
-            description="asyncinfer SageMaker async endpoints",
-        )
-        image.repository.grant_pull(self.role)
-        for objects in INPUT_PREFIXES:
-            bucket.grant_read(self.role, objects)
-        bucket.grant_put(self.role, "outputs/*")
-        success_topic.grant_publish(self.role)
-        error_topic.grant_publish(self.role)
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                actions=[
-                    "logs:CreateLogGroup",
-                    "logs:CreateLogStream",
-                    "logs:PutLogEvents",
-                    "logs:DescribeLogStreams",
-                ],
-                resources=[
-                    stack.format_arn(
-                        service="logs",
-                        resource="log-group",
-                        resource_name="/aws/sagemaker/Endpoints/*",
-                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
-                    )
-                ],
-            )
-        )
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["cloudwatch:PutMetricData"],
-                resources=["*"],
-                conditions={
-                    "StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*", "asyncinfer"]}
-                },
-            )
-        )
+        self._image, self._bucket = image, bucket
+        self._topics = (success_topic, error_topic)
+        #: The execution role of the models that read no S3 weights (shared).
+        self.role = self._execution_role("ExecutionRole", "asyncinfer SageMaker async endpoints")
+        #: model id -> its execution role (a model with ``s3://`` weights has its own, with read
+        #: on exactly those prefixes).
+        self.model_roles: dict[str, iam.Role] = {}
+        for model in models:
+            c = computes[model]
+            if c.weight_prefixes:
+                role = self._execution_role(
+                    f"{model}-role", f"asyncinfer SageMaker endpoint of {model}"[:1000]
+                )
+                grant_weight_read(role, c)
+            else:
+                role = self.role
+            self.model_roles[model] = role
         self.endpoint_names: dict[str, str] = {}
         self.endpoints: dict[str, sagemaker.CfnEndpoint] = {}
         self.log_groups: dict[str, logs.LogGroup] = {}
@@ -168,7 +145,7 @@ class SageMakerEndpoints(Construct):
             cfn_model = sagemaker.CfnModel(
                 sc,
                 f"{model}-model",
-                execution_role_arn=self.role.role_arn,
+                execution_role_arn=self.model_roles[model].role_arn,
                 primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
                     image=image.image_uri,
                     environment={
@@ -178,7 +155,7 @@ class SageMakerEndpoints(Construct):
                     },
                 ),
             )
-            cfn_model.node.add_dependency(self.role)
+            cfn_model.node.add_dependency(self.model_roles[model])
             config = sagemaker.CfnEndpointConfig(
                 sc,
                 f"{model}-config",
@@ -187,7 +164,7 @@ class SageMakerEndpoints(Construct):
                         variant_name=VARIANT,
                         model_name=cfn_model.attr_model_name,
                         initial_instance_count=1,
-                        instance_type=instance_type,
+                        instance_type=computes[model].sagemaker_instance_type,
                         initial_variant_weight=1,
                     )
                 ],
@@ -219,13 +196,13 @@ class SageMakerEndpoints(Construct):
                 resource_id=f"endpoint/{name}/variant/{VARIANT}",
                 scalable_dimension="sagemaker:variant:DesiredInstanceCount",
                 min_capacity=0,
-                max_capacity=max_workers,
+                max_capacity=computes[model].max_workers,
                 role=scaling_role,
             )
             target.node.add_dependency(endpoint)
             target.scale_to_track_metric(
                 "BacklogPerInstance",
-                target_value=backlog_per_worker,
+                target_value=computes[model].backlog_per_worker,
                 custom_metric=endpoint_metric("ApproximateBacklogSizePerInstance", name),
                 scale_in_cooldown=Duration.minutes(5),
                 scale_out_cooldown=Duration.minutes(1),
@@ -243,6 +220,59 @@ class SageMakerEndpoints(Construct):
             )
             self.endpoint_names[model] = name
             self.endpoints[model] = endpoint
+
+    @property
+    def roles(self) -> list[iam.Role]:
+        """Every execution role (the shared one first)."""
+        return list(dict.fromkeys([self.role, *self.model_roles.values()]))
+
+    def _execution_role(self, id: str, description: str) -> iam.Role:
+        """An execution role with what every endpoint needs: image pull, reads of ``inputs/``
+        and ``uploads/``, writes of ``outputs/``, the notification topics, its log groups and
+        metrics."""
+        image, bucket = self._image, self._bucket
+        success_topic, error_topic = self._topics
+        stack = Stack.of(self)
+        role = iam.Role(
+            self,
+            id,
+            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            description=description,
+        )
+        image.repository.grant_pull(role)
+        for objects in INPUT_PREFIXES:
+            bucket.grant_read(role, objects)
+        bucket.grant_put(role, "outputs/*")
+        success_topic.grant_publish(role)
+        error_topic.grant_publish(role)
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "logs:CreateLogGroup",
+                    "logs:CreateLogStream",
+                    "logs:PutLogEvents",
+                    "logs:DescribeLogStreams",
+                ],
+                resources=[
+                    stack.format_arn(
+                        service="logs",
+                        resource="log-group",
+                        resource_name="/aws/sagemaker/Endpoints/*",
+                        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                    )
+                ],
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["cloudwatch:PutMetricData"],
+                resources=["*"],
+                conditions={
+                    "StringLike": {"cloudwatch:namespace": ["/aws/sagemaker/*", "asyncinfer"]}
+                },
+            )
+        )
+        return role
 
     def grant_invoke_async(self, grantee: iam.IGrantable) -> None:
         """Allow ``sagemaker:InvokeEndpointAsync`` on these endpoints."""

@@ -3,12 +3,9 @@ AwsSolutions checks applied in the same synth. No Docker, no AWS credentials nee
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,10 +26,15 @@ DOCKERFILE = (
 )
 
 #: Context of each mode: ECS with every default; SageMaker with the optional parts switched on.
+#: Both put every model of the default catalogue on one instance type with a GPU (explicit context
+#: keys override each entry's ``compute:``; infra.model_compute), as the stack did before the
+#: catalogue's per-entry compute; tests/infra/test_infra_catalogue.py covers per-entry compute.
+ONE_INSTANCE_TYPE = {"instance_type": "g5.xlarge", "gpu": "true"}
 MODES: dict[str, dict[str, Any]] = {
-    "ecs": {"compute": "ecs"},
+    "ecs": {"compute": "ecs", **ONE_INSTANCE_TYPE},
     "sagemaker": {
         "compute": "sagemaker",
+        **ONE_INSTANCE_TYPE,
         "waf_max_body_kb": "64",
         "alarm_email": "ops@example.com",
     },
@@ -92,24 +94,24 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "models": ",".join(CATALOGUE_50),
         "alarm_email": "ops@example.com",
     },
+    # tests/infra/fixtures/catalogue3: each entry's compute from the catalogue (no override).
+    "catalogue3": {"models_file": str(ROOT / "tests/infra/fixtures/catalogue3/models.yaml")},
+    "catalogue3-sagemaker": {
+        "compute": "sagemaker",
+        "models_file": str(ROOT / "tests/infra/fixtures/catalogue3/models.yaml"),
+    },
 }
 
 _cache: dict[str, Synth] = {}
 
 
-@contextmanager
-def catalogue(models: list[str]) -> Iterator[None]:
-    """Register ``models`` (copies of the echo model's spec) for the duration of a synth."""
-    from asyncinfer.models.registry import MODELS
+def write_catalogue(path: Path, models: list[str]) -> Path:
+    """A ``models.yaml`` at ``path`` with an ``echo``-kind entry per id (compute: defaults), the
+    catalogue the 50-model variants deploy (``models_file``)."""
+    import yaml
 
-    added = [m for m in models if m not in MODELS]
-    for m in added:
-        MODELS[m] = dataclasses.replace(MODELS["echo"], id=m)
-    try:
-        yield
-    finally:
-        for m in added:
-            del MODELS[m]
+    path.write_text(yaml.safe_dump({"models": [{"id": m, "kind": "echo"} for m in models]}))
+    return path
 
 
 def synth(mode: str, outdir: Path) -> Synth:
@@ -123,11 +125,12 @@ def synth(mode: str, outdir: Path) -> Synth:
 
     from infra.app import build_app, feature_flags
 
-    settings = MODES.get(mode) or VARIANTS[mode]
+    settings = dict(MODES.get(mode) or VARIANTS[mode])
+    if mode in VARIANTS and "models_file" not in settings:
+        settings["models_file"] = str(write_catalogue(outdir / "models.yaml", CATALOGUE_50))
     context = {**feature_flags(), "worker_dockerfile": DOCKERFILE, **settings}
     app = cdk.App(context=context, outdir=str(outdir))
-    with catalogue(CATALOGUE_50 if mode in VARIANTS else []):
-        _, stack = build_app(app)
+    _, stack = build_app(app)
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     error = None
     try:

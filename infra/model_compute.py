@@ -1,0 +1,168 @@
+"""Per-model compute of a deployment: the catalogue entry's ``compute:`` block (spec
+``shared/spec/models.md``) merged with the stack-wide CDK context.
+
+Precedence, per field: a context key given explicitly (``cdk.json`` or ``-c key=value``:
+``compute``, ``instance_type``, ``gpu``, ``min_workers``, ``max_workers``,
+``backlog_per_worker``) applies to every entry, overriding the catalogue (a deploy-time
+override, e.g. ``-c compute=sagemaker`` to try the default catalogue on SageMaker); otherwise
+the entry's own value; otherwise the context default (:data:`infra.config.DEFAULTS`).
+
+One stack runs one backend: the API's wake-on-submit, the sweeper and the workers' names are
+per deployment (``ASYNCINFER_COMPUTE``). Entries whose backends differ are a configuration
+problem (deploy one stack per backend with ``-c models=...``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aws_cdk import Aws
+from aws_cdk import aws_iam as iam
+
+from asyncinfer.models.catalogue import Catalogue, ModelEntry
+
+#: The context keys that override every entry's ``compute:`` when given explicitly.
+OVERRIDE_KEYS = (
+    "compute",
+    "instance_type",
+    "gpu",
+    "min_workers",
+    "max_workers",
+    "backlog_per_worker",
+)
+_S3 = re.compile(r"^s3://([^/]+)/?(.*)$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelCompute:
+    """Where one model's workers run.
+
+    Attributes:
+        backend: ``ecs`` or ``sagemaker``.
+        instance_type: EC2 instance type without SageMaker's ``ml.`` prefix.
+        gpus: GPUs reserved per worker task (0: a CPU worker on CPU instances).
+        min_workers / max_workers: scaling bounds, workers (tasks or endpoint instances).
+        backlog_per_worker: target of the backlog-per-worker scaling policy, jobs.
+        weight_prefixes: ``(bucket, key prefix)`` of each ``s3://`` source of the entry.
+    """
+
+    backend: str
+    instance_type: str
+    gpus: int
+    min_workers: int
+    max_workers: int
+    backlog_per_worker: float
+    weight_prefixes: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def sagemaker_instance_type(self) -> str:
+        """The instance type with SageMaker's ``ml.`` prefix."""
+        return f"ml.{self.instance_type}"
+
+
+def weight_prefixes(entry: ModelEntry) -> tuple[tuple[str, str], ...]:
+    """``(bucket, prefix)`` of the entry's ``s3://`` source (a folder: the prefix ends with
+    ``/`` unless empty), or ``()`` for other sources."""
+    m = _S3.match(entry.source or "")
+    if not m:
+        return ()
+    bucket, key = m.group(1), m.group(2)
+    if key and not key.endswith("/"):
+        key += "/"
+    return ((bucket, key),)
+
+
+def resolve(
+    catalogue: Catalogue,
+    models: Iterable[str],
+    values: Mapping[str, Any],
+    explicit: set[str],
+) -> dict[str, ModelCompute]:
+    """Each deployed model's :class:`ModelCompute` (see the module docstring for precedence).
+
+    Args:
+        catalogue: the loaded catalogue.
+        models: the ids to deploy (all in the catalogue).
+        values: the converted context values (``compute``, ``instance_type``, ``gpu``, ...).
+        explicit: the context keys the deployer gave.
+    """
+    out: dict[str, ModelCompute] = {}
+    for model in models:
+        entry = catalogue.get(model)
+        if entry is None:
+            continue
+        c = entry.compute
+
+        def pick(key: str, own: Any, default: Any) -> Any:
+            if key in explicit:
+                return values[key]
+            return own if own is not None else default
+
+        gpus = (max(c.gpus, 1) if values["gpu"] else 0) if "gpu" in explicit else c.gpus
+        out[model] = ModelCompute(
+            backend=pick("compute", c.backend, values["compute"]),
+            instance_type=str(pick("instance_type", c.instance_type, values["instance_type"]))
+            .strip()
+            .removeprefix("ml."),
+            gpus=gpus,
+            min_workers=pick("min_workers", c.min_workers, values["min_workers"]),
+            max_workers=pick("max_workers", c.max_workers, values["max_workers"]),
+            backlog_per_worker=pick(
+                "backlog_per_worker",
+                c.backlog_per_worker if "backlog_per_worker" in c.model_fields_set else None,
+                values["backlog_per_worker"],
+            ),
+            weight_prefixes=weight_prefixes(entry),
+        )
+    return out
+
+
+def problems(computes: Mapping[str, ModelCompute], gpu_families: tuple[str, ...]) -> list[str]:
+    """Every rule the resolved per-model compute breaks (one backend per stack, instance types,
+    GPU families, scaling bounds), each naming the model."""
+    p: list[str] = []
+    backends: dict[str, list[str]] = {}
+    for model, c in computes.items():
+        backends.setdefault(c.backend, []).append(model)
+        if not re.fullmatch(r"[a-z][a-z0-9-]*\.[a-z0-9]+", c.instance_type):
+            p.append(f"{model}: instance_type {c.instance_type!r} is not like g6.xlarge")
+        elif c.gpus and c.instance_type.split(".")[0] not in gpu_families:
+            p.append(
+                f"{model}: instance_type {c.instance_type!r} has no NVIDIA GPU supported by the "
+                f"ECS GPU AMI (families {', '.join(gpu_families)}) but gpus={c.gpus}; set "
+                "compute.gpus: 0 for a CPU worker"
+            )
+        if c.max_workers < max(c.min_workers, 1):
+            p.append(f"{model}: max_workers={c.max_workers} is below min_workers={c.min_workers}")
+    if len(backends) > 1:
+        listed = "; ".join(f"{b}: {', '.join(ms)}" for b, ms in sorted(backends.items()))
+        p.append(
+            f"models: the deployed entries use more than one compute.backend ({listed}); one "
+            "stack runs one backend: deploy one stack per backend (-c models=... -c "
+            "stack_name=...) or set -c compute=ecs|sagemaker for all"
+        )
+    return p
+
+
+def grant_weight_read(grantee: iam.IGrantable, compute: ModelCompute) -> None:
+    """Allow ``grantee`` to read exactly the model's ``s3://`` weight prefixes:
+    ``s3:GetObject`` on ``arn:aws:s3:::BUCKET/PREFIX*`` and ``s3:ListBucket`` on the bucket
+    with an ``s3:prefix`` condition (S3 user guide, "Policy examples: ListBucket with a prefix").
+    Nothing when the entry has no ``s3://`` source."""
+    for bucket, prefix in compute.weight_prefixes:
+        partition = Aws.PARTITION
+        iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["s3:GetObject"],
+            resource_arns=[f"arn:{partition}:s3:::{bucket}/{prefix}*"],
+        )
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["s3:ListBucket"],
+                resources=[f"arn:{partition}:s3:::{bucket}"],
+                conditions={"StringLike": {"s3:prefix": [f"{prefix}*"]}},
+            )
+        )
