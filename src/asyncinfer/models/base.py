@@ -52,6 +52,9 @@ class WorkItem:
         cancel_event: set when the job is cancelled while it runs.
         stop_event: set when the worker must give the job back (shutdown past drain).
         on_progress: called with ``(completion_tokens, partial_output)`` as work advances.
+        compute_seconds: the job's share of the worker's compute time so far, seconds: the
+            handler (or :func:`run_batch`) adds to it; the worker records it on the terminal job
+            as ``metrics.compute_seconds`` (shared/spec/models.md, "What a job shows").
     """
 
     job_id: str
@@ -62,6 +65,7 @@ class WorkItem:
     cancel_event: threading.Event = field(default_factory=threading.Event)
     stop_event: threading.Event = field(default_factory=threading.Event)
     on_progress: Callable[[int, dict[str, Any]], None] | None = None
+    compute_seconds: float = 0.0
 
     def interruption(self) -> BaseException | None:
         """What should interrupt this item now, if anything: a :class:`WorkerStopping`,
@@ -105,11 +109,37 @@ class WorkSource(Protocol):
         ...
 
 
+#: The clock of compute attribution, seconds (monotonic wall time; tests replace it).
+compute_clock: Callable[[], float] = time.perf_counter
+
+
+def attribute(items: list[WorkItem], seconds: float) -> None:
+    """Split ``seconds`` of compute time equally across ``items`` (a batch run as one step)."""
+    if items and seconds > 0:
+        share = seconds / len(items)
+        for item in items:
+            item.compute_seconds += share
+
+
 def run_batch(handler: ModelHandler, items: list[WorkItem]) -> list[Result]:
     """``handler.predict(items)``, with an exception applied to every item: a ``JobError`` or
     ``WorkerStopping`` as itself, ``MemoryError`` or torch's ``OutOfMemoryError`` as
     :class:`OutOfMemory`, anything else as a retryable :class:`TransientError` (a bug or a lost
-    device may not recur; the dead-letter queue bounds the retries)."""
+    device may not recur; the dead-letter queue bounds the retries).
+
+    The call's wall time is the batch's compute time: what the handler did not attribute to
+    items itself (:attr:`WorkItem.compute_seconds`, as the generation engine does per step) is
+    split equally across the items."""
+    t0 = compute_clock()
+    before = sum(item.compute_seconds for item in items)
+    try:
+        return _run_batch(handler, items)
+    finally:
+        elapsed = compute_clock() - t0
+        attribute(items, elapsed - (sum(item.compute_seconds for item in items) - before))
+
+
+def _run_batch(handler: ModelHandler, items: list[WorkItem]) -> list[Result]:
     try:
         results = handler.predict(items)
         if len(results) != len(items):

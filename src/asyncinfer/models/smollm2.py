@@ -23,6 +23,7 @@ from asyncinfer.errors import (
     TransientError,
     WorkerStopping,
 )
+from asyncinfer.models import generation
 from asyncinfer.models.base import ModelHandler, Result, WorkItem, WorkSource
 from asyncinfer.models.checkpoint import ensure_checkpoint, load_checkpoint
 from asyncinfer.models.generation import BatchedDecoder, Sequence
@@ -141,7 +142,9 @@ class SmolLM2Handler(ModelHandler):
         """The engine's sequence for ``item``; :class:`InvalidInput` if it can never run."""
         inp = item.input
         assert isinstance(inp, GenerationInput)
+        t0 = generation.clock()
         ids = self.encode(inp)[0].tolist()
+        item.compute_seconds += generation.clock() - t0  # tokenizing is the job's own
         n = len(ids)
         if n > MAX_PROMPT_TOKENS:
             raise InvalidInput(f"prompt is {n} tokens; at most {MAX_PROMPT_TOKENS}")
@@ -216,7 +219,10 @@ class SmolLM2Handler(ModelHandler):
         pending: deque[Sequence] = deque()
 
         def finish(seq: Sequence, result: Result) -> None:
-            source.finish(seq.tag["item"], result)
+            item: WorkItem = seq.tag["item"]
+            item.compute_seconds += seq.compute_seconds  # prefill + its share of each step
+            seq.compute_seconds = 0.0
+            source.finish(item, result)
 
         while True:
             # 1. admit: take started jobs while slots are free, then add those the budget allows.
