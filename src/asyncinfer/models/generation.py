@@ -115,7 +115,7 @@ def sample(logits: torch.Tensor, seq: Sequence) -> int:
     if seq.temperature <= 0:
         return int(torch.argmax(logits).item())
     if seq.generator is None:
-        seq.generator = torch.Generator().manual_seed(
+        seq.generator = torch.Generator(device=logits.device).manual_seed(
             seq.seed if seq.seed is not None else random.getrandbits(63)
         )
     probs = torch.softmax(logits.float() / seq.temperature, dim=-1)
@@ -150,10 +150,13 @@ class BatchedDecoder:
     def __init__(self, model: Any, eos_ids: set[int]) -> None:
         self.model = model
         self.eos_ids = eos_ids
+        #: Where the cache, masks, position ids and sampling live: the model's device (only the
+        #: sampled token ids cross to the host per step).
+        self.device = getattr(model, "device", torch.device("cpu"))
         self.rows: list[Sequence] = []
         self._k: list[torch.Tensor] = []  # per layer: [rows cap, H, cols cap, D]
         self._v: list[torch.Tensor] = []
-        self._mask = torch.zeros(0, 0, dtype=torch.long)  # [rows cap, cols cap]: 1 = real token
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # 1 = real token
         self._start = 0
         self._end = 0
         self._cache: Any = None
@@ -183,7 +186,7 @@ class BatchedDecoder:
         """Drop every row and the cache (after an out-of-memory error)."""
         self.rows = []
         self._k, self._v = [], []
-        self._mask = torch.zeros(0, 0, dtype=torch.long)
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self._start = self._end = 0
         self._cache = None
 
@@ -201,7 +204,7 @@ class BatchedDecoder:
     def _add(self, seq: Sequence) -> None:
         from transformers import DynamicCache
 
-        ids = torch.tensor([seq.prompt_ids], dtype=torch.long)
+        ids = torch.tensor([seq.prompt_ids], dtype=torch.long, device=self.device)
         cache = DynamicCache(config=self.model.config)
         with torch.inference_mode():
             out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
@@ -281,9 +284,13 @@ class BatchedDecoder:
 
     def _step(self) -> list[Sequence]:
         b = len(self.rows)
-        last = torch.tensor([[s.generated[-1]] for s in self.rows], dtype=torch.long)
+        last = torch.tensor(
+            [[s.generated[-1]] for s in self.rows], dtype=torch.long, device=self.device
+        )
         positions = torch.tensor(
-            [[len(s.prompt_ids) + len(s.generated) - 1] for s in self.rows], dtype=torch.long
+            [[len(s.prompt_ids) + len(s.generated) - 1] for s in self.rows],
+            dtype=torch.long,
+            device=self.device,
         )
         with torch.inference_mode():
             self._reserve(rows=b, left=0, right=1)
@@ -350,7 +357,7 @@ class BatchedDecoder:
         with torch.inference_mode():
             self._k = [like.new_zeros(shape) for _ in range(layers)]
             self._v = [like.new_zeros(shape) for _ in range(layers)]
-            self._mask = torch.zeros(new_rows, new_cols, dtype=torch.long)
+            self._mask = torch.zeros(new_rows, new_cols, dtype=torch.long, device=self.device)
             self._start, self._end = new_start, new_start + width
             for new, old in zip((*self._k, *self._v), (*old_k, *old_v), strict=False):
                 new[:b, :, new_start : self._end] = old[:b, :, s:e]

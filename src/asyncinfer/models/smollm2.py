@@ -23,7 +23,7 @@ from asyncinfer.errors import (
     TransientError,
     WorkerStopping,
 )
-from asyncinfer.models import generation
+from asyncinfer.models import device, generation
 from asyncinfer.models.base import ModelHandler, Result, WorkItem, WorkSource
 from asyncinfer.models.checkpoint import ensure_checkpoint, load_checkpoint
 from asyncinfer.models.generation import BatchedDecoder, Sequence
@@ -101,16 +101,40 @@ class SmolLM2Handler(ModelHandler):
         ``AutoTokenizer`` and ``AutoModelForCausalLM.from_pretrained`` give, in less time)."""
         if self.model is not None:
             return
+        place = device.for_spec(self.spec)  # ConfigError before any loading: device: cuda here
         cache = Path(self.cache_dir or Path.home() / ".cache" / "asyncinfer")
         folder = ensure_checkpoint(cache, self.spec.id)
-        self.tokenizer, self.model = load_checkpoint(folder)
+        tokenizer, model = load_checkpoint(folder)
+        if place.device.type != "cpu" or place.dtype != model.dtype:
+            model = model.to(device=place.device, dtype=place.dtype)
+        self.tokenizer, self.model = tokenizer, model
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = {int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None}
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        free = device.free_bytes(place.device)
+        log.info(
+            "model %s on %s (%s), dtype %s, weights %d bytes, free memory %s bytes, "
+            "token budget %d",
+            self.spec.id,
+            place.device,
+            place.name,
+            str(place.dtype).removeprefix("torch."),
+            weights,
+            "unknown" if free is None else free,
+            self.budget(),
+        )
 
     def budget(self) -> int:
         """The token budget of a batch (see the class docstring)."""
         if self.token_budget:
             return self.token_budget
+        entry = getattr(self.spec, "entry", None)
+        if entry is not None and isinstance(entry.token_budget, int):
+            return entry.token_budget
+        if self.model is not None and self.model.device.type == "cuda":
+            auto = device.kv_budget(self.model)
+            if auto:
+                return auto
         try:
             from asyncinfer.settings import get_settings
 
