@@ -102,7 +102,7 @@ def decide(
     completed_at: str,
     retry_delay_seconds: float,
     reported: bool = False,
-    compute_seconds: float = 0.0,
+    compute_seconds: float | None = None,
     price_per_hour: float | None = None,
 ) -> Outcome:
     """The outcome of one job's ``result``.
@@ -116,14 +116,13 @@ def decide(
         compute_seconds: the job's share of the worker's compute time in this attempt, seconds
             (:attr:`~asyncinfer.models.base.WorkItem.compute_seconds`); a terminal write records
             it, with ``cost_usd`` when ``price_per_hour`` (USD per worker-hour) is given
-            (:func:`cost_fields`).
+            (:func:`cost_fields`); ``None``: nothing recorded.
         price_per_hour: the entry's ``compute.price_per_hour``, or ``None``.
     """
     job_id, attempts = record["job_id"], record["attempts"]
-    fields: dict[str, Any] = {
-        "completed_at": completed_at,
-        **cost_fields(compute_seconds, price_per_hour),
-    }
+    fields: dict[str, Any] = {"completed_at": completed_at}
+    if compute_seconds is not None:
+        fields.update(cost_fields(compute_seconds, price_per_hour))
     remove: list[str] = []
     upload: bytes | None = None
     if isinstance(result, dict):
