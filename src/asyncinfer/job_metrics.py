@@ -2,12 +2,14 @@
 publish, and what the CDK app's alarms and dashboard read (``infra/components/monitoring.py``
 imports these names, so a metric and the alarm on it cannot drift apart).
 
-Metrics: ``JobsSucceeded``, ``JobsFailed`` (Count) and ``QueueSeconds``, ``RunSeconds``
-(Seconds), namespace ``asyncinfer``, exactly one dimension, ``Model``. CloudWatch matches a
-metric by its full dimension set, so an extra dimension (Powertools adds ``service`` whenever
-``POWERTOOLS_SERVICE_NAME`` is set, as in every Lambda) makes a different metric that alarms
-keyed on ``Model`` alone never see; :func:`emf_line` writes the EMF document itself for that
-reason.
+Metrics: ``JobsSucceeded``, ``JobsFailed`` (Count), ``QueueSeconds``, ``RunSeconds``,
+``ComputeSeconds`` (Seconds; a job's share of its worker's compute time, shared/spec/models.md
+"What a job shows") and ``CostUSD`` (unit ``None``: US dollars, ``ComputeSeconds`` x the entry's
+``price_per_hour`` / 3600; only for entries with a price), namespace ``asyncinfer``, exactly
+one dimension, ``Model``. CloudWatch matches a metric by its full dimension set, so an extra
+dimension (Powertools adds ``service`` whenever ``POWERTOOLS_SERVICE_NAME`` is set, as in every
+Lambda) makes a different metric that alarms keyed on ``Model`` alone never see;
+:func:`emf_line` writes the EMF document itself for that reason.
 """
 
 from __future__ import annotations
@@ -26,12 +28,16 @@ JOBS_SUCCEEDED = "JobsSucceeded"
 JOBS_FAILED = "JobsFailed"
 QUEUE_SECONDS = "QueueSeconds"
 RUN_SECONDS = "RunSeconds"
+COMPUTE_SECONDS = "ComputeSeconds"
+COST_USD = "CostUSD"
 #: metric name -> CloudWatch unit.
 UNITS: dict[str, str] = {
     JOBS_SUCCEEDED: "Count",
     JOBS_FAILED: "Count",
     QUEUE_SECONDS: "Seconds",
     RUN_SECONDS: "Seconds",
+    COMPUTE_SECONDS: "Seconds",
+    COST_USD: "None",  # CloudWatch has no currency unit
 }
 
 

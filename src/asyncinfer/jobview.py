@@ -17,6 +17,11 @@ def _seconds_between(a: str | None, b: str | None) -> float | None:
     return round((parse(b) - parse(a)).total_seconds(), 3)
 
 
+def _number(value: Any) -> float | None:
+    """A recorded metric as a float (DynamoDB gives numbers back as int or Decimal)."""
+    return None if value is None else float(value)
+
+
 def _metadata(value: Any) -> dict[str, str]:
     """``metadata`` is stored as JSON text (any key is safe there)."""
     if not value:
@@ -43,6 +48,9 @@ def render_job(record: dict[str, Any], payloads: PayloadStore | None = None) -> 
     metrics = {
         "queue_seconds": _seconds_between(record.get("created_at"), record.get("started_at")),
         "run_seconds": _seconds_between(record.get("started_at"), record.get("completed_at")),
+        # Recorded by the worker on terminal jobs (shared/spec/models.md, "What a job shows").
+        "compute_seconds": _number(record.get("compute_seconds")),
+        "cost_usd": _number(record.get("cost_usd")),
     }
     webhook = None
     if record.get("webhook"):

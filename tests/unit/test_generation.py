@@ -313,3 +313,35 @@ def test_nucleus_sampling_keeps_to_the_nucleus() -> None:
     # The same seed draws the same tokens.
     again = Sequence(prompt_ids=[1], max_new_tokens=1, temperature=1.0, top_p=0.9, seed=2)
     assert [sample(flat, again) for _ in range(400)] == draws
+
+
+def test_compute_seconds_split_steps_across_rows_and_sum_to_the_busy_time(
+    handler: SmolLM2Handler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 13 item 6: each job's ``compute_seconds`` is its prefill (and tokenizing) plus its
+    share of each decoding step it was in; they sum to the engine's busy time, most of the
+    serve loop's wall time."""
+    import time
+
+    from asyncinfer.models import generation
+
+    calls: list[float] = []
+
+    def recording() -> float:
+        calls.append(time.perf_counter())
+        return calls[-1]
+
+    monkeypatch.setattr(generation, "clock", recording)
+    items = [item(f"j{n}", max_new_tokens=4 + 6 * n) for n in range(4)]
+    t0 = time.perf_counter()
+    source = run(handler, items, batch=4)
+    wall = time.perf_counter() - t0
+    assert all(isinstance(source.results[i.job_id], dict) for i in items)
+    # The clock is read in pairs (start, end) around each prefill, step, removal and encode.
+    busy = sum(calls[1::2]) - sum(calls[0::2])
+    total = sum(i.compute_seconds for i in items)
+    assert total == pytest.approx(busy, rel=0.02, abs=0.005)
+    assert 0.6 * wall <= total <= wall
+    # A job in more steps has more compute than one that left early.
+    by_tokens = sorted(items, key=lambda i: i.input.max_new_tokens)  # type: ignore[attr-defined]
+    assert by_tokens[-1].compute_seconds > by_tokens[0].compute_seconds > 0

@@ -53,6 +53,9 @@ class WorkItem:
         cancel_event: set when the job is cancelled while it runs.
         stop_event: set when the worker must give the job back (shutdown past drain).
         on_progress: called with ``(completion_tokens, partial_output)`` as work advances.
+        compute_seconds: the job's share of the worker's compute time so far, seconds: the
+            handler (or :func:`run_batch`) adds to it; the worker records it on the terminal job
+            as ``metrics.compute_seconds`` (shared/spec/models.md, "What a job shows").
     """
 
     job_id: str
@@ -63,6 +66,7 @@ class WorkItem:
     cancel_event: threading.Event = field(default_factory=threading.Event)
     stop_event: threading.Event = field(default_factory=threading.Event)
     on_progress: Callable[[int, dict[str, Any]], None] | None = None
+    compute_seconds: float = 0.0
 
     def interruption(self) -> BaseException | None:
         """What should interrupt this item now, if anything: a :class:`WorkerStopping`,
@@ -104,6 +108,18 @@ class WorkSource(Protocol):
         then the message's deletion; or a release) at once, or with its next :meth:`take` if
         that comes within about a second; while the source is stopping, at once."""
         ...
+
+
+#: The clock of compute attribution, seconds (monotonic wall time; tests replace it).
+compute_clock: Callable[[], float] = time.perf_counter
+
+
+def attribute(items: list[WorkItem], seconds: float) -> None:
+    """Split ``seconds`` of compute time equally across ``items`` (a batch run as one step)."""
+    if items and seconds > 0:
+        share = seconds / len(items)
+        for item in items:
+            item.compute_seconds += share
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -158,7 +174,23 @@ def run_batch(handler: ModelHandler, items: list[WorkItem]) -> list[Result]:
     only a job that does not fit alone fails with ``out_of_memory``. Items are retried one at a
     time, in order; each retry is an ordinary :meth:`ModelHandler.predict` call of one item, so
     it sees the item's own deadline, cancel and stop.
+
+    **Compute time** (issue 13, per-job cost): the call's wall time, retries included, is the
+    batch's compute time: what the handler did not attribute to items itself
+    (:attr:`WorkItem.compute_seconds`, as the generation engine does per step) is split equally
+    across the items.
     """
+    t0 = compute_clock()
+    before = sum(item.compute_seconds for item in items)
+    try:
+        return _run_split(handler, items)
+    finally:
+        elapsed = compute_clock() - t0
+        attribute(items, elapsed - (sum(item.compute_seconds for item in items) - before))
+
+
+def _run_split(handler: ModelHandler, items: list[WorkItem]) -> list[Result]:
+    """:func:`_predict_once`, then the out-of-memory split of :func:`run_batch`."""
     results = _predict_once(handler, items)
     if len(items) < 2:
         return results

@@ -28,6 +28,10 @@ So this module schedules by itself, with the model's ordinary forward pass:
 * **Remove.** A finished, cancelled or timed-out row is dropped between steps (the last row moves
   into its place); columns that are padding in every remaining row leave the window.
 
+Compute time (``Sequence.compute_seconds``, seconds of wall time on :data:`clock`): a prefill is
+its own sequence's; a decoding step's time is split equally across the rows in it; the
+compaction after a removal goes to the rows that stay.
+
 Sampling is per row (:func:`sample`): temperature 0 takes the argmax (one ``argmax`` over the
 batch's logits per step); otherwise logits / temperature, the nucleus (``top_p``) as
 transformers' ``TopPLogitsWarper`` defines it, and a draw from the row's own ``torch.Generator``
@@ -37,6 +41,8 @@ seeded from the job's ``seed``.
 from __future__ import annotations
 
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +63,8 @@ class Sequence:
         tag: anything the caller wants back (the work item).
         generated: the tokens generated so far.
         finished: why it ended (``"eos"`` or ``"length"``), ``None`` while it runs.
+        compute_seconds: this sequence's share of the engine's time so far, seconds (its
+            prefill, and its share of each decoding step it was in).
     """
 
     prompt_ids: list[int]
@@ -68,11 +76,24 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     finished: str | None = None
     generator: torch.Generator | None = None
+    compute_seconds: float = 0.0
 
     @property
     def reserved_tokens(self) -> int:
         """Tokens this sequence may hold in the cache: prompt plus ``max_new_tokens``."""
         return len(self.prompt_ids) + self.max_new_tokens
+
+
+#: The clock of compute attribution, seconds (tests replace it).
+clock: Callable[[], float] = time.perf_counter
+
+
+def _share(rows: list[Sequence], seconds: float) -> None:
+    """Split ``seconds`` equally across ``rows``."""
+    if rows:
+        each = seconds / len(rows)
+        for seq in rows:
+            seq.compute_seconds += each
 
 
 #: Candidates looked at first for nucleus sampling; the full vocabulary is sorted only when their
@@ -94,7 +115,7 @@ def sample(logits: torch.Tensor, seq: Sequence) -> int:
     if seq.temperature <= 0:
         return int(torch.argmax(logits).item())
     if seq.generator is None:
-        seq.generator = torch.Generator().manual_seed(
+        seq.generator = torch.Generator(device=logits.device).manual_seed(
             seq.seed if seq.seed is not None else random.getrandbits(63)
         )
     probs = torch.softmax(logits.float() / seq.temperature, dim=-1)
@@ -129,10 +150,13 @@ class BatchedDecoder:
     def __init__(self, model: Any, eos_ids: set[int]) -> None:
         self.model = model
         self.eos_ids = eos_ids
+        #: Where the cache, masks, position ids and sampling live: the model's device (only the
+        #: sampled token ids cross to the host per step).
+        self.device = getattr(model, "device", torch.device("cpu"))
         self.rows: list[Sequence] = []
         self._k: list[torch.Tensor] = []  # per layer: [rows cap, H, cols cap, D]
         self._v: list[torch.Tensor] = []
-        self._mask = torch.zeros(0, 0, dtype=torch.long)  # [rows cap, cols cap]: 1 = real token
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # 1 = real token
         self._start = 0
         self._end = 0
         self._cache: Any = None
@@ -162,17 +186,25 @@ class BatchedDecoder:
         """Drop every row and the cache (after an out-of-memory error)."""
         self.rows = []
         self._k, self._v = [], []
-        self._mask = torch.zeros(0, 0, dtype=torch.long)
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
         self._start = self._end = 0
         self._cache = None
 
     # ------------------------------------------------------------------ rows
     def add(self, seq: Sequence) -> None:
         """Prefill ``seq`` alone, sample its first token, and add it as a row (unless that first
-        token already finished it; then it is not added and ``seq.finished`` is set)."""
+        token already finished it; then it is not added and ``seq.finished`` is set). The time
+        it takes is ``seq``'s compute time, even when it raises."""
+        t0 = clock()
+        try:
+            self._add(seq)
+        finally:
+            seq.compute_seconds += clock() - t0
+
+    def _add(self, seq: Sequence) -> None:
         from transformers import DynamicCache
 
-        ids = torch.tensor([seq.prompt_ids], dtype=torch.long)
+        ids = torch.tensor([seq.prompt_ids], dtype=torch.long, device=self.device)
         cache = DynamicCache(config=self.model.config)
         with torch.inference_mode():
             out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
@@ -209,6 +241,13 @@ class BatchedDecoder:
         gone = {id(s) for s in seqs}
         if not any(id(s) in gone for s in self.rows):
             return
+        t0 = clock()
+        try:
+            self._remove(gone)
+        finally:
+            _share(self.rows or seqs, clock() - t0)
+
+    def _remove(self, gone: set[int]) -> None:
         i = 0
         with torch.inference_mode():
             while i < len(self.rows):
@@ -232,13 +271,26 @@ class BatchedDecoder:
     # ------------------------------------------------------------------ decoding
     def step(self) -> list[Sequence]:
         """One decoding step for every row. Returns the rows that finished in it (still in the
-        batch: the caller removes them, with any others it drops)."""
+        batch: the caller removes them, with any others it drops). Its time is split equally
+        across the rows, even when it raises."""
         if not self.rows:
             return []
+        rows = list(self.rows)
+        t0 = clock()
+        try:
+            return self._step()
+        finally:
+            _share(rows, clock() - t0)
+
+    def _step(self) -> list[Sequence]:
         b = len(self.rows)
-        last = torch.tensor([[s.generated[-1]] for s in self.rows], dtype=torch.long)
+        last = torch.tensor(
+            [[s.generated[-1]] for s in self.rows], dtype=torch.long, device=self.device
+        )
         positions = torch.tensor(
-            [[len(s.prompt_ids) + len(s.generated) - 1] for s in self.rows], dtype=torch.long
+            [[len(s.prompt_ids) + len(s.generated) - 1] for s in self.rows],
+            dtype=torch.long,
+            device=self.device,
         )
         with torch.inference_mode():
             self._reserve(rows=b, left=0, right=1)
@@ -305,7 +357,7 @@ class BatchedDecoder:
         with torch.inference_mode():
             self._k = [like.new_zeros(shape) for _ in range(layers)]
             self._v = [like.new_zeros(shape) for _ in range(layers)]
-            self._mask = torch.zeros(new_rows, new_cols, dtype=torch.long)
+            self._mask = torch.zeros(new_rows, new_cols, dtype=torch.long, device=self.device)
             self._start, self._end = new_start, new_start + width
             for new, old in zip((*self._k, *self._v), (*old_k, *old_v), strict=False):
                 new[:b, :, new_start : self._end] = old[:b, :, s:e]

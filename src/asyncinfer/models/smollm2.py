@@ -23,7 +23,14 @@ from asyncinfer.errors import (
     TransientError,
     WorkerStopping,
 )
-from asyncinfer.models.base import ModelHandler, Result, WorkItem, WorkSource
+from asyncinfer.models import device, generation
+from asyncinfer.models.base import (
+    ModelHandler,
+    Result,
+    WorkItem,
+    WorkSource,
+    is_out_of_memory,
+)
 from asyncinfer.models.checkpoint import ensure_checkpoint, load_checkpoint
 from asyncinfer.models.generation import BatchedDecoder, Sequence
 from asyncinfer.models.schemas import GenerationInput
@@ -38,14 +45,6 @@ MAX_PROMPT_TOKENS = 8192 - 1024
 DEFAULT_TOKEN_BUDGET = 32768
 #: Least time between two progress reports of one job, seconds.
 PROGRESS_INTERVAL = 1.0
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` says an allocation failed: ``MemoryError``, torch's ``OutOfMemoryError``
-    (accelerators), or the CPU allocator's ``RuntimeError``."""
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-        return True
-    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
 
 
 class _ListSource:
@@ -100,16 +99,40 @@ class SmolLM2Handler(ModelHandler):
         ``AutoTokenizer`` and ``AutoModelForCausalLM.from_pretrained`` give, in less time)."""
         if self.model is not None:
             return
+        place = device.for_spec(self.spec)  # ConfigError before any loading: device: cuda here
         cache = Path(self.cache_dir or Path.home() / ".cache" / "asyncinfer")
         folder = ensure_checkpoint(cache, self.spec.id)
-        self.tokenizer, self.model = load_checkpoint(folder)
+        tokenizer, model = load_checkpoint(folder)
+        if place.device.type != "cpu" or place.dtype != model.dtype:
+            model = model.to(device=place.device, dtype=place.dtype)
+        self.tokenizer, self.model = tokenizer, model
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = {int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None}
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        free = device.free_bytes(place.device)
+        log.info(
+            "model %s on %s (%s), dtype %s, weights %d bytes, free memory %s bytes, "
+            "token budget %d",
+            self.spec.id,
+            place.device,
+            place.name,
+            str(place.dtype).removeprefix("torch."),
+            weights,
+            "unknown" if free is None else free,
+            self.budget(),
+        )
 
     def budget(self) -> int:
         """The token budget of a batch (see the class docstring)."""
         if self.token_budget:
             return self.token_budget
+        entry = getattr(self.spec, "entry", None)
+        if entry is not None and isinstance(entry.token_budget, int):
+            return entry.token_budget
+        if self.model is not None and self.model.device.type == "cuda":
+            auto = device.kv_budget(self.model)
+            if auto:
+                return auto
         try:
             from asyncinfer.settings import get_settings
 
@@ -141,7 +164,9 @@ class SmolLM2Handler(ModelHandler):
         """The engine's sequence for ``item``; :class:`InvalidInput` if it can never run."""
         inp = item.input
         assert isinstance(inp, GenerationInput)
+        t0 = generation.clock()
         ids = self.encode(inp)[0].tolist()
+        item.compute_seconds += generation.clock() - t0  # tokenizing is the job's own
         n = len(ids)
         if n > MAX_PROMPT_TOKENS:
             raise InvalidInput(f"prompt is {n} tokens; at most {MAX_PROMPT_TOKENS}")
@@ -216,7 +241,10 @@ class SmolLM2Handler(ModelHandler):
         pending: deque[Sequence] = deque()
 
         def finish(seq: Sequence, result: Result) -> None:
-            source.finish(seq.tag["item"], result)
+            item: WorkItem = seq.tag["item"]
+            item.compute_seconds += seq.compute_seconds  # prefill + its share of each step
+            seq.compute_seconds = 0.0
+            source.finish(item, result)
 
         while True:
             # 1. admit: take started jobs while slots are free, then add those the budget allows.

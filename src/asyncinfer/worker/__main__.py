@@ -8,7 +8,7 @@ import os
 import sys
 
 from asyncinfer import logs
-from asyncinfer.errors import CatalogueError
+from asyncinfer.errors import CatalogueError, ConfigError
 from asyncinfer.models.registry import MODELS
 from asyncinfer.settings import get_settings
 from asyncinfer.worker.runner import Worker
@@ -16,8 +16,8 @@ from asyncinfer.worker.runner import Worker
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run a worker until SIGTERM, return its exit code (0; 2 when the model
-    catalogue, ``ASYNCINFER_MODELS_FILE``, is invalid or does not hold ``--model``, or its handler
-    cannot be imported)."""
+    catalogue, ``ASYNCINFER_MODELS_FILE``, is invalid or does not hold ``--model``, its handler
+    cannot be imported, or it refuses to load here: ``device: cuda`` on a host without CUDA)."""
     parser = argparse.ArgumentParser(prog="asyncinfer worker")
     parser.add_argument("--model", required=True, help="model id to serve")
     parser.add_argument("--max-batch-size", type=int, default=None)
@@ -42,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     worker = Worker(get_settings(), args.model, max_batch_size=args.max_batch_size)
     worker.install_signal_handlers()
-    return worker.run()
+    try:
+        return worker.run()
+    except ConfigError as exc:  # the handler refused to load: device: cuda on a CPU host, ...
+        print(f"asyncinfer worker: model {args.model!r}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

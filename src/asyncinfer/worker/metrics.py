@@ -1,30 +1,47 @@
-"""Job metrics of the worker as CloudWatch embedded metric format (EMF) lines, through Powertools
-Metrics: ``JobsSucceeded``, ``JobsFailed`` (count) and ``QueueSeconds``, ``RunSeconds`` (seconds),
-namespace ``asyncinfer``, dimension ``Model``, the names the CDK dashboard and alarms read.
-CloudWatch Logs extracts EMF from the container's log stream. Emitted only in AWS
-(``ASYNCINFER_COMPUTE`` set); the local stack stays readable."""
+"""Job metrics of the worker as CloudWatch embedded metric format (EMF) lines, through the one
+definition of the job metrics (:mod:`asyncinfer.job_metrics`): ``JobsSucceeded``,
+``JobsFailed`` (count), ``QueueSeconds``, ``RunSeconds``, ``ComputeSeconds`` (seconds) and
+``CostUSD`` (dollars, for entries with a ``price_per_hour``), namespace ``asyncinfer``, dimension
+``Model`` only, the names the CDK dashboard and alarms read. CloudWatch Logs extracts EMF from
+the container's log stream. Emitted only in AWS (``ASYNCINFER_COMPUTE`` set); the local stack
+stays readable."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from aws_lambda_powertools.metrics import MetricUnit, single_metric
-
+from asyncinfer import job_metrics as jm
 from asyncinfer.jobview import render_job
 
-NAMESPACE = "asyncinfer"
+#: job view ``metrics`` key -> job metric name.
+VIEW_METRICS: tuple[tuple[str, str], ...] = (
+    ("queue_seconds", jm.QUEUE_SECONDS),
+    ("run_seconds", jm.RUN_SECONDS),
+    ("compute_seconds", jm.COMPUTE_SECONDS),
+    ("cost_usd", jm.COST_USD),
+)
 
 
-def emit_job_metrics(record: dict[str, Any]) -> None:
-    """Emit the metrics of one terminal job record."""
-    model = record["model"]
+def job_points(record: dict[str, Any]) -> list[tuple[str, float]]:
+    """The ``(metric name, value)`` pairs of one terminal job record: a count of 1 under
+    ``JobsSucceeded`` or ``JobsFailed`` (any other terminal status), then each of
+    :data:`VIEW_METRICS` that the job's view has (``None`` values are left out)."""
     view = render_job(record)
-    name = "JobsSucceeded" if record["status"] == "succeeded" else "JobsFailed"
-    points: list[tuple[str, MetricUnit, float]] = [(name, MetricUnit.Count, 1)]
-    for key, metric_id in (("queue_seconds", "QueueSeconds"), ("run_seconds", "RunSeconds")):
+    name = jm.JOBS_SUCCEEDED if record["status"] == "succeeded" else jm.JOBS_FAILED
+    points: list[tuple[str, float]] = [(name, 1.0)]
+    for key, metric in VIEW_METRICS:
         value = view["metrics"].get(key)
         if value is not None:
-            points.append((metric_id, MetricUnit.Seconds, float(value)))
-    for metric_name, unit, value in points:
-        with single_metric(name=metric_name, unit=unit, value=value, namespace=NAMESPACE) as metric:
-            metric.add_dimension(name="Model", value=model)
+            points.append((metric, float(value)))
+    return points
+
+
+def emit_job_metrics(
+    record: dict[str, Any], *, write: Callable[[str], object] | None = None
+) -> None:
+    """Emit the metrics of one terminal job record (:func:`job_points`), one EMF line each
+    (:func:`asyncinfer.job_metrics.emit`; ``write`` defaults to stdout)."""
+    model = record["model"]
+    for name, value in job_points(record):
+        jm.emit(name, value, jm.UNITS[name], model, write=write)

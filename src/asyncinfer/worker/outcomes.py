@@ -82,6 +82,19 @@ def _tokens(output: Any) -> Any:
     return None
 
 
+def cost_fields(compute_seconds: float, price_per_hour: float | None) -> dict[str, float]:
+    """The job record's ``compute_seconds`` (seconds, rounded to microseconds) and, with a
+    ``price_per_hour`` (USD per worker-hour, the catalogue entry's ``compute.price_per_hour``),
+    ``cost_usd`` = ``compute_seconds * price_per_hour / 3600`` (USD, 6 significant digits: a
+    job's cost can be a fraction of a micro-dollar), as
+    shared/spec/models.md ("What a job shows") defines them."""
+    seconds = max(0.0, float(compute_seconds))
+    fields = {"compute_seconds": round(seconds, 6)}
+    if price_per_hour is not None:
+        fields["cost_usd"] = float(f"{seconds * float(price_per_hour) / 3600.0:.6g}")
+    return fields
+
+
 def decide(
     result: dict[str, Any] | JobError | WorkerStopping,
     record: dict[str, Any],
@@ -89,6 +102,8 @@ def decide(
     completed_at: str,
     retry_delay_seconds: float,
     reported: bool = False,
+    compute_seconds: float | None = None,
+    price_per_hour: float | None = None,
 ) -> Outcome:
     """The outcome of one job's ``result``.
 
@@ -98,9 +113,16 @@ def decide(
         completed_at: the ISO-8601 time to record as ``completed_at``.
         retry_delay_seconds: the base of a retryable error's backoff (seconds).
         reported: the handler reported progress for it (a count may be on the record).
+        compute_seconds: the job's share of the worker's compute time in this attempt, seconds
+            (:attr:`~asyncinfer.models.base.WorkItem.compute_seconds`); a terminal write records
+            it, with ``cost_usd`` when ``price_per_hour`` (USD per worker-hour) is given
+            (:func:`cost_fields`); ``None``: nothing recorded.
+        price_per_hour: the entry's ``compute.price_per_hour``, or ``None``.
     """
     job_id, attempts = record["job_id"], record["attempts"]
     fields: dict[str, Any] = {"completed_at": completed_at}
+    if compute_seconds is not None:
+        fields.update(cost_fields(compute_seconds, price_per_hour))
     remove: list[str] = []
     upload: bytes | None = None
     if isinstance(result, dict):

@@ -336,7 +336,7 @@ class Worker:
         stopping); its event follows the write, and its message is deleted after the event."""
         held, record = self._running.pop(item.job_id)
         held.finished = True  # no more heartbeat-time progress writes or cancel reads for it
-        self._conclude(held, record, result)
+        self._conclude(held, record, result, compute_seconds=item.compute_seconds)
 
     def _receive_max(self) -> int:
         """Most messages one receive asks for: 10 (SQS ReceiveMessage), fewer for a worker that
@@ -344,11 +344,14 @@ class Worker:
         return max(1, min(10, self.settings.receive_max_messages, self.capacity))
 
     # ------------------------------------------------------------------ finishing jobs
-    def _conclude(self, held: Held, record: dict[str, Any], result: Result) -> None:
+    def _conclude(
+        self, held: Held, record: dict[str, Any], result: Result, *, compute_seconds: float = 0.0
+    ) -> None:
         """Step 5 for one job: requeue it now, or queue its terminal write for the next take
-        (at once when it must be written alone or the worker is stopping)."""
+        (at once when it must be written alone or the worker is stopping). ``compute_seconds``:
+        the job's share of the handler's compute time (seconds), recorded on a terminal job."""
         try:
-            finished = self._terminal(held, record, result)
+            finished = self._terminal(held, record, result, compute_seconds)
         except Exception:
             # The result could not be recorded (an AWS fault): the message comes back after its
             # visibility timeout and the next attempt takes over from the job left running.
@@ -364,15 +367,20 @@ class Worker:
             with self.journal.lock:
                 self.journal.write_pending([])  # its event goes out with the next take's
 
-    def _terminal(self, held: Held, record: dict[str, Any], result: Result) -> Finished | None:
+    def _terminal(
+        self, held: Held, record: dict[str, Any], result: Result, compute_seconds: float = 0.0
+    ) -> Finished | None:
         """The terminal write of one job's result (the output stored in S3 first when large);
         ``None`` when the job went back to the queue instead."""
+        entry = self.spec.entry
         outcome = outcomes.decide(
             result,
             record,
             completed_at=iso(now()),
             retry_delay_seconds=self.settings.retry_delay_seconds,
             reported=held.reported,
+            compute_seconds=compute_seconds,
+            price_per_hour=entry.compute.price_per_hour if entry is not None else None,
         )
         if isinstance(outcome, outcomes.Requeue):
             if outcome.delay:
