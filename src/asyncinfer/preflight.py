@@ -3,9 +3,13 @@ deployer's credentials (boto3) before anything is created, each with what to do 
 
 Checks (each :class:`Check` is ``ok``, ``warn`` or ``fail``):
 
-* GPU quotas (Service Quotas): ECS mode, the EC2 "Running On-Demand <family> instances" vCPU
-  quota of the instance family >= ``max_workers`` x models x the type's vCPUs; SageMaker mode,
-  "<ml type> for endpoint usage" >= ``max_workers`` x models. New accounts have 0 for GPUs.
+* Instance quotas (Service Quotas), summed over the catalogue's deployed entries as the CDK app
+  resolves them (:func:`infra.model_compute.resolve`: each entry's ``compute:``, an explicit
+  ``-c`` key overriding every entry): ECS mode, per EC2 quota ("Running On-Demand G and VT
+  instances", "... P instances", "... Standard (A, C, D, H, I, M, R, T, Z) instances"), the sum
+  of ``max_workers`` x the type's vCPUs of every entry whose family that quota covers; SageMaker
+  mode, per instance type, "<ml type> for endpoint usage" >= the sum of the entries'
+  ``max_workers`` (endpoint instances). One check per quota. New accounts have 0 for GPUs.
 * Service-linked roles: ECS mode ``AWSServiceRoleForECS`` (CreateCluster fails without it in a
   fresh account), Auto Scaling and Application Auto Scaling's ECS role; SageMaker mode
   Application Auto Scaling's SageMaker endpoint role (the stack's scalable targets name it).
@@ -58,14 +62,25 @@ class Check:
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    """What the deployment needs: compute mode, instance type (without ``ml.``), workers per
-    model, number of models, and the total reserved Lambda concurrency."""
+    """What the deployment needs: compute mode, the stack-wide instance type (without ``ml.``)
+    and workers per model, number of models, the total reserved Lambda concurrency, and
+    ``workers``: each deployed model's resolved ``(model, instance_type, max_workers)`` (empty:
+    every model on ``instance_type`` with ``max_workers``)."""
 
     compute: str
     instance_type: str
     max_workers: int
     models: int
     reserved_concurrency: int
+    workers: tuple[tuple[str, str, int], ...] = ()
+
+    def demand(self) -> tuple[tuple[str, str, int], ...]:
+        """``(model, instance type without ml., max workers)`` per deployed model."""
+        if self.workers:
+            return self.workers
+        return tuple(
+            (f"model {i + 1}", self.instance_type, self.max_workers) for i in range(self.models)
+        )
 
 
 def service_linked_roles(compute: str) -> dict[str, str]:
@@ -94,55 +109,102 @@ def _quota_value(quotas: Any, service: str, code: str) -> float | None:
         return None
 
 
-def check_gpu_quota(plan: Plan, *, quotas: Any, ec2: Any | None = None) -> Check:
-    """The quota that caps the deployment's GPU workers (see the module docstring)."""
+def _ec2_quota_group(instance_type: str) -> str:
+    """The :data:`EC2_VCPU_QUOTAS` key of an instance type's family, or ``""`` if unknown."""
+    family = instance_type.split(".")[0]
+    if family.startswith("vt"):
+        return "vt"
+    if family[:1] in ("g", "p"):
+        return family[0]
+    return "standard" if family[:1] in STANDARD_FAMILIES else ""
+
+
+def _vcpus(ec2: Any | None, types: Sequence[str]) -> dict[str, int]:
+    """vCPUs per instance type (``DescribeInstanceTypes``; 4 each without an EC2 client)."""
+    if ec2 is None:
+        return dict.fromkeys(types, 4)
+    info = ec2.describe_instance_types(InstanceTypes=list(types))["InstanceTypes"]
+    return {i["InstanceType"]: int(i["VCpuInfo"]["DefaultVCpus"]) for i in info}
+
+
+def _sagemaker_quotas(plan: Plan, quotas: Any) -> list[Check]:
     name = "GPU quota"
-    if plan.compute == "sagemaker":
-        itype = f"ml.{plan.instance_type}"
-        need = plan.max_workers * plan.models
-        wanted = f"{itype} for endpoint usage"
-        for page in quotas.get_paginator("list_service_quotas").paginate(ServiceCode="sagemaker"):
-            for q in page["Quotas"]:
-                if q["QuotaName"] == wanted:
-                    have = float(q["Value"])
-                    fix = (
-                        f"request {need:g} or more for '{wanted}' in Service Quotas (service "
-                        f"SageMaker, quota {q['QuotaCode']})"
-                    )
-                    status = "ok" if have >= need else "fail"
-                    return Check(name, status, f"'{wanted}' is {have:g}, need {need}", fix)
-        return Check(
-            name, "warn", f"no SageMaker quota '{wanted}' found", "check the instance type"
+    need: dict[str, int] = {}
+    users: dict[str, list[str]] = {}
+    for model, itype, workers in plan.demand():
+        need[f"ml.{itype}"] = need.get(f"ml.{itype}", 0) + workers
+        users.setdefault(f"ml.{itype}", []).append(f"{model} {workers}")
+    found: dict[str, dict[str, Any]] = {}
+    wanted = {f"{t} for endpoint usage": t for t in need}
+    for page in quotas.get_paginator("list_service_quotas").paginate(ServiceCode="sagemaker"):
+        for q in page["Quotas"]:
+            if q["QuotaName"] in wanted:
+                found[wanted[q["QuotaName"]]] = q
+    out = []
+    for itype, n in need.items():
+        title = f"{itype} for endpoint usage"
+        q = found.get(itype)
+        if q is None:
+            out.append(Check(name, "warn", f"no SageMaker quota '{title}' found", "check the type"))
+            continue
+        have = float(q["Value"])
+        fix = (
+            f"request {n:g} or more for '{title}' in Service Quotas (service SageMaker, quota "
+            f"{q['QuotaCode']})"
         )
-    family = plan.instance_type.split(".")[0]
-    group = (
-        "vt"
-        if family.startswith("vt")
-        else family[0]
-        if family[0] in "gp"
-        else "standard"
-        if family[0] in STANDARD_FAMILIES
-        else ""
-    )
-    if not group:
-        return Check(name, "warn", f"no known vCPU quota for family {family!r}", "check by hand")
-    code, title = EC2_VCPU_QUOTAS[group]
-    vcpus = 4
-    if ec2 is not None:
-        info = ec2.describe_instance_types(InstanceTypes=[plan.instance_type])["InstanceTypes"]
-        vcpus = int(info[0]["VCpuInfo"]["DefaultVCpus"])
-    need = plan.max_workers * plan.models * vcpus
-    quota = _quota_value(quotas, "ec2", code)
-    if quota is None:
-        return Check(name, "warn", f"quota {code} ({title}) not found", "check Service Quotas")
-    have = quota
-    fix = f"request {need} vCPUs or more for '{title}' in Service Quotas (service EC2, {code})"
-    detail = (
-        f"'{title}' is {have:g} vCPUs, need {need} "
-        f"({plan.max_workers} workers x {plan.models} models x {vcpus} vCPUs of "
-        f"{plan.instance_type})"
-    )
-    return Check(name, "ok" if have >= need else "fail", detail, fix)
+        detail = f"'{title}' is {have:g}, need {n} ({', '.join(users[itype])})"
+        out.append(Check(name, "ok" if have >= n else "fail", detail, fix))
+    return out
+
+
+def check_gpu_quota(plan: Plan, *, quotas: Any, ec2: Any | None = None) -> list[Check]:
+    """One check per quota that caps the deployment's workers (see the module docstring):
+    per EC2 vCPU quota in ECS mode, in the order the catalogue first uses it; per ``ml.`` type
+    in SageMaker mode. ``ec2`` gives the types' vCPUs (4 each without it)."""
+    if plan.compute == "sagemaker":
+        return _sagemaker_quotas(plan, quotas)
+    demand = plan.demand()
+    vcpus = _vcpus(ec2, sorted({itype for _, itype, _ in demand}))
+    groups: dict[str, list[tuple[str, str, int]]] = {}
+    out: list[Check] = []
+    for model, itype, workers in demand:
+        group = _ec2_quota_group(itype)
+        if not group:
+            family = itype.split(".")[0]
+            out.append(
+                Check(
+                    "GPU quota",
+                    "warn",
+                    f"{model}: no known vCPU quota for family {family!r}",
+                    "check by hand",
+                )
+            )
+            continue
+        groups.setdefault(EC2_VCPU_QUOTAS[group][0], []).append((model, itype, workers))
+    titles = {code: title for code, title in EC2_VCPU_QUOTAS.values()}
+    for code, rows in groups.items():
+        title = titles[code]
+        name = "CPU quota" if code == EC2_VCPU_QUOTAS["standard"][0] else "GPU quota"
+        need = sum(workers * vcpus[itype] for _, itype, workers in rows)
+        quota = _quota_value(quotas, "ec2", code)
+        if quota is None:
+            out.append(
+                Check(name, "warn", f"quota {code} ({title}) not found", "check Service Quotas")
+            )
+            continue
+        fix = f"request {need} vCPUs or more for '{title}' in Service Quotas (service EC2, {code})"
+        parts = ", ".join(
+            f"{workers} workers x {vcpus[itype]} vCPUs of {itype} ({model})"
+            for model, itype, workers in rows
+        )
+        if not plan.workers:
+            parts = (
+                f"{plan.max_workers} workers x {plan.models} models x "
+                f"{vcpus[plan.instance_type]} vCPUs of {plan.instance_type}"
+            )
+        detail = f"'{title}' is {quota:g} vCPUs, need {need} ({parts})"
+        out.append(Check(name, "ok" if quota >= need else "fail", detail, fix))
+    return out
 
 
 def check_service_linked_roles(compute: str, *, iam: Any) -> list[Check]:
@@ -266,8 +328,9 @@ def render(checks: Sequence[Check]) -> str:
 def plan_from_context(pairs: Sequence[str], root: Path) -> Plan:
     """The :class:`Plan` of the deployment that ``cdk deploy`` with the same ``-c key=value``
     ``pairs`` would make, from the checkout at ``root`` (``cdk.json`` context, then the pairs,
-    validated by ``infra.config`` exactly as at synth). Raises ``ValueError`` for a malformed
-    pair and ``infra.config.DeployConfigError`` for invalid settings."""
+    validated by ``infra.config`` exactly as at synth; ``workers`` from the per-model compute
+    that ``infra.config.load_config`` resolves from the catalogue). Raises ``ValueError`` for a
+    malformed pair and ``infra.config.DeployConfigError`` for invalid settings."""
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     from infra.config import load_config
@@ -294,6 +357,9 @@ def plan_from_context(pairs: Sequence[str], root: Path) -> Plan:
         max_workers=cfg.max_workers,
         models=len(cfg.models),
         reserved_concurrency=cfg.total_reserved_concurrency,
+        workers=tuple(
+            (model, c.instance_type, c.max_workers) for model, c in cfg.model_compute.items()
+        ),
     )
 
 
@@ -309,10 +375,8 @@ def main(pairs: Sequence[str], *, region: str | None = None, root: Path | None =
     session = boto3.Session(region_name=region)
     names = ("service-quotas", "ec2", "iam", "lambda", "cloudformation", "ssm")
     clients = {n: session.client(n) for n in names}  # type: ignore[call-overload]
-    print(
-        f"preflight for compute={plan.compute}, {plan.models} models x {plan.max_workers} "
-        f"{plan.instance_type} in {session.region_name}:"
-    )
+    workers = ", ".join(f"{m}: {n} x {t}" for m, t, n in plan.demand())
+    print(f"preflight for compute={plan.compute} in {session.region_name} ({workers}):")
     checks = run_checks(plan, clients)
     print(render(checks))
     return 1 if any(c.status == "fail" for c in checks) else 0

@@ -55,12 +55,13 @@ def _ec2_quota(value: float) -> tuple[str, dict[str, Any]]:
 def test_ecs_gpu_quota_counts_vcpus_of_every_worker(aws: None) -> None:
     ec2 = boto3.client("ec2", region_name=REGION)
     quotas, _ = _quotas(_ec2_quota(0.0))
-    c = preflight.check_gpu_quota(ECS_PLAN, quotas=quotas, ec2=ec2)
+    [c] = preflight.check_gpu_quota(ECS_PLAN, quotas=quotas, ec2=ec2)
     assert c.status == "fail"
     assert "need 24" in c.detail  # 2 workers x 3 models x 4 vCPUs (g5.xlarge)
     assert "L-DB2E81BA" in c.fix
     quotas, _ = _quotas(_ec2_quota(32.0))
-    assert preflight.check_gpu_quota(ECS_PLAN, quotas=quotas, ec2=ec2).status == "ok"
+    [c] = preflight.check_gpu_quota(ECS_PLAN, quotas=quotas, ec2=ec2)
+    assert c.status == "ok"
 
 
 def test_sagemaker_quota_is_the_endpoint_instance_count(aws: None) -> None:
@@ -75,8 +76,58 @@ def test_sagemaker_quota_is_the_endpoint_instance_count(aws: None) -> None:
         ]
     }
     quotas, _ = _quotas(("list_service_quotas", page))
-    c = preflight.check_gpu_quota(SM_PLAN, quotas=quotas)
+    [c] = preflight.check_gpu_quota(SM_PLAN, quotas=quotas)
     assert (c.status, "need 6" in c.detail, "L-1928E07B" in c.fix) == ("fail", True, True)
+
+
+CATALOGUE3 = "models_file=tests/infra/fixtures/catalogue3/models.yaml"
+
+
+def test_ecs_quotas_add_up_vcpus_per_family_over_the_catalogue(aws: None) -> None:
+    plan = preflight.plan_from_context([CATALOGUE3], ROOT)
+    assert plan.workers == (
+        ("llama-s3", "g6.2xlarge", 3),
+        ("encoder-s3", "g5.xlarge", 4),
+        ("cpu-echo", "c7i.large", 2),
+    )
+    ec2 = boto3.client("ec2", region_name=REGION)
+    standard = {"QuotaCode": "L-1216C47A", "ServiceCode": "ec2", "Value": 4.0}
+    quotas, stub = _quotas(_ec2_quota(32.0), ("get_service_quota", {"Quota": standard}))
+    g, cpu = preflight.check_gpu_quota(plan, quotas=quotas, ec2=ec2)
+    stub.assert_no_pending_responses()
+    # G and VT: 3 x 8 vCPUs (g6.2xlarge) + 4 x 4 vCPUs (g5.xlarge); standard: 2 x 2 (c7i.large)
+    assert (g.status, "need 40" in g.detail, "L-DB2E81BA" in g.fix) == ("fail", True, True)
+    assert "llama-s3" in g.detail and "encoder-s3" in g.detail and "cpu-echo" not in g.detail
+    assert (cpu.status, "need 4" in cpu.detail, "L-1216C47A" in cpu.fix) == ("ok", True, True)
+
+
+def test_explicit_context_overrides_every_catalogue_entry(aws: None) -> None:
+    plan = preflight.plan_from_context([CATALOGUE3, "max_workers=1"], ROOT)
+    assert [w for _, _, w in plan.workers] == [1, 1, 1]
+    ec2 = boto3.client("ec2", region_name=REGION)
+    standard = {"QuotaCode": "L-1216C47A", "ServiceCode": "ec2", "Value": 0.0}
+    quotas, _ = _quotas(_ec2_quota(12.0), ("get_service_quota", {"Quota": standard}))
+    g, cpu = preflight.check_gpu_quota(plan, quotas=quotas, ec2=ec2)
+    assert (g.status, "need 12" in g.detail) == ("ok", True)  # 1 x 8 + 1 x 4
+    assert (cpu.status, "need 2" in cpu.detail) == ("fail", True)
+
+
+def test_sagemaker_quotas_count_endpoint_instances_per_type_over_the_catalogue() -> None:
+    plan = preflight.plan_from_context([CATALOGUE3, "compute=sagemaker"], ROOT)
+    page = {
+        "Quotas": [
+            {"QuotaName": "ml.g6.2xlarge for endpoint usage", "QuotaCode": "L-A", "Value": 3.0},
+            {"QuotaName": "ml.g5.xlarge for endpoint usage", "QuotaCode": "L-B", "Value": 2.0},
+            {"QuotaName": "ml.c7i.large for endpoint usage", "QuotaCode": "L-C", "Value": 2.0},
+        ]
+    }
+    quotas, _ = _quotas(("list_service_quotas", page))
+    checks = preflight.check_gpu_quota(plan, quotas=quotas)
+    by_type = {c.detail.split("'")[1]: c for c in checks}
+    assert by_type["ml.g6.2xlarge for endpoint usage"].status == "ok"
+    g5 = by_type["ml.g5.xlarge for endpoint usage"]
+    assert (g5.status, "need 4" in g5.detail, "L-B" in g5.fix) == ("fail", True, True)
+    assert by_type["ml.c7i.large for endpoint usage"].status == "ok"
 
 
 def test_missing_ecs_service_linked_role_fails_with_the_command(aws: None) -> None:
