@@ -124,13 +124,16 @@ def test_a_raising_batch_still_charges_its_time(monkeypatch: pytest.MonkeyPatch)
 
     class Raising(ModelHandler):
         def predict(self, items: list[WorkItem]) -> list[Result]:
-            clock.t += 1.0
+            # The batch takes 1 s; each job alone (the out-of-memory split's retry) 0.1 s per
+            # its index + 0.1.
+            clock.t += 1.0 if len(items) > 1 else 0.1 * (int(items[0].job_id[1:]) + 1)
             raise MemoryError
 
     items = [WorkItem(job_id=f"j{i}", input=MODELS["echo"].input_model()) for i in range(4)]
     results = base.run_batch(Raising(spec=MODELS["echo"]), items)
     assert all(type(r).__name__ == "OutOfMemory" for r in results)
-    assert [i.compute_seconds for i in items] == [0.25] * 4
+    # The batch's second split four ways; each retry charged to its own job only.
+    assert [i.compute_seconds for i in items] == pytest.approx([0.35, 0.45, 0.55, 0.65])
 
 
 def test_cost_fields() -> None:

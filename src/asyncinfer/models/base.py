@@ -175,8 +175,8 @@ def run_batch(handler: ModelHandler, items: list[WorkItem]) -> list[Result]:
     time, in order; each retry is an ordinary :meth:`ModelHandler.predict` call of one item, so
     it sees the item's own deadline, cancel and stop.
 
-    **Compute time** (issue 13, per-job cost): the call's wall time, retries included, is the
-    batch's compute time: what the handler did not attribute to items itself
+    **Compute time** (issue 13, per-job cost): the first call's wall time is the batch's compute
+    time, and each retry's is its own job's: what the handler did not attribute to items itself
     (:attr:`WorkItem.compute_seconds`, as the generation engine does per step) is split equally
     across the items.
     """
@@ -206,7 +206,7 @@ def _run_split(handler: ModelHandler, items: list[WorkItem]) -> list[Result]:
     out = list(results)
     for n in oom:
         _free_accelerator_memory()
-        out[n] = _predict_once(handler, [items[n]])[0]
+        out[n] = run_batch(handler, [items[n]])[0]  # its time is charged to its own job
     return out
 
 
