@@ -1,4 +1,4 @@
-"""Counts the AWS requests this process makes through :mod:`asyncinfer.clients`, with botocore's
+"""Counts the AWS requests this process makes through :mod:`asyncinfer.aws.clients`, with botocore's
 ``after-call`` event on every client built from now on. A ``ReceiveMessage`` that returned no
 message (idle polling) is not counted."""
 
@@ -8,7 +8,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from asyncinfer import clients
+from asyncinfer.aws import clients
 
 
 class AwsRequestCounter:

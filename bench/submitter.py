@@ -15,9 +15,9 @@ import json
 import sys
 import time
 
-from asyncinfer.api.schemas import JobRequest
+from asyncinfer.core.settings import Settings
+from asyncinfer.functions.api.schemas import JobRequest
 from asyncinfer.jobs import JobService
-from asyncinfer.settings import Settings
 from bench.aws_counter import AwsRequestCounter
 
 

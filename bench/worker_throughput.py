@@ -229,8 +229,8 @@ class Stack:
         self._n = 0
 
     def settings(self) -> Any:
+        from asyncinfer.core.settings import Settings
         from asyncinfer.local.resources import create_resources
-        from asyncinfer.settings import Settings
 
         self._n += 1
         base = Settings(endpoint_url=self.endpoint, region="us-east-1", receive_wait_seconds=20)
@@ -256,7 +256,7 @@ class Stack:
 def run_worker(
     stack: Stack, handler: Any, jobs: list[dict[str, Any]], batch: int, name: str
 ) -> RunResult:
-    from asyncinfer.errors import WorkerStopping
+    from asyncinfer.core.errors import WorkerStopping
     from asyncinfer.worker.runner import Worker
 
     settings = stack.settings()

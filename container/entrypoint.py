@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
             rest = ["--model", models[0], *rest]
         return worker_main(rest)
     if command == "serve":
-        from asyncinfer.sagemaker.server import serve
+        from asyncinfer.worker.sagemaker_server import serve
 
         serve()
         return 0

@@ -21,7 +21,7 @@ for p in (ROOT, ROOT / "src"):
 
 import aws_cdk as cdk  # noqa: E402
 
-from asyncinfer.errors import CatalogueError  # noqa: E402
+from asyncinfer.core.errors import CatalogueError  # noqa: E402
 from infra.config import DeployConfigError, load_config  # noqa: E402
 from infra.stack import AsyncInferStack  # noqa: E402
 

@@ -206,7 +206,7 @@ class DeployConfig:
         return (REPO_ROOT / self.models_file).resolve()
 
     def prefix_for(self, stack_name: str) -> str:
-        """The resource prefix (:mod:`asyncinfer.naming`): the set one, else
+        """The resource prefix (:mod:`asyncinfer.core.naming`): the set one, else
         ``<stack name>-``."""
         return self.resource_prefix or f"{stack_name}-"
 
@@ -242,7 +242,7 @@ class DeployConfig:
     @property
     def effective_heartbeat(self) -> float:
         """Heartbeat interval, seconds: the set value, else a third of the visibility timeout
-        (the same rule as :attr:`asyncinfer.settings.Settings.heartbeat_interval`)."""
+        (the same rule as :attr:`asyncinfer.core.settings.Settings.heartbeat_interval`)."""
         return self.heartbeat_seconds or self.visibility_timeout / 3
 
 

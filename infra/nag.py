@@ -116,8 +116,8 @@ def add_suppressions(
     prefix = getattr(stack, "prefix", "")
     arn = "arn:<AWS::Partition>:{}:<AWS::Region>:<AWS::AccountId>:"
     resources[f"{arn.format('sqs')}{prefix}jobs-*"] = (
-        "Every model's job queues by the naming rule (asyncinfer.naming), one statement at any "
-        "catalogue size; no other queue matches."
+        "Every model's job queues by the naming rule (asyncinfer.core.naming), one statement at "
+        "any catalogue size; no other queue matches."
     )
     resources[f"{arn.format('sqs')}{prefix}dlq-*"] = (
         "Every model's dead-letter queue by the naming rule; no other queue matches."

@@ -28,7 +28,7 @@ from aws_cdk import aws_sns_subscriptions as subs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from asyncinfer import naming
+from asyncinfer.core import naming
 from infra.components.api import JobsApi
 from infra.components.ecs_workers import EcsWorkers, image_excludes
 from infra.components.function import METRICS_NAMESPACE, PythonFunction, powertools_layer
@@ -99,7 +99,7 @@ class AsyncInferStack(Stack):
             "ASYNCINFER_TABLE": self.table.table_name,
             "ASYNCINFER_BUCKET": self.bucket.bucket_name,
             "ASYNCINFER_TOPIC_ARN": self.events_topic.topic_arn,
-            # Queue URLs, service and endpoint names follow from these (asyncinfer.naming): a
+            # Queue URLs, service and endpoint names follow from these (asyncinfer.core.naming): a
             # constant size, not a map growing per model (Lambda: 4 KB of environment in all).
             "ASYNCINFER_RESOURCE_PREFIX": prefix,
             "ASYNCINFER_QUEUE_URL_BASE": self.queues.url_base(),

@@ -33,10 +33,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def reset_caches() -> None:
     """Forget cached settings, clients and services (each test sets its own environment)."""
-    from asyncinfer import clients
-    from asyncinfer.api import app as api_app
-    from asyncinfer.dlq import _handler
-    from asyncinfer.settings import get_settings
+    from asyncinfer.aws import clients
+    from asyncinfer.core.settings import get_settings
+    from asyncinfer.functions.api import app as api_app
+    from asyncinfer.functions.dlq import _handler
 
     get_settings.cache_clear()
     api_app.service.cache_clear()
@@ -78,7 +78,7 @@ class ApiCaller:
         headers: dict[str, str] | None = None,
         key_id: str | None = "",
     ) -> tuple[int, Any, dict[str, str]]:
-        from asyncinfer.api.app import handler
+        from asyncinfer.functions.api.app import handler
         from asyncinfer.local.gateway import build_event
         from asyncinfer.local.lambda_runtime import LocalContext
 

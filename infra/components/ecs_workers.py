@@ -18,13 +18,13 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from asyncinfer import naming
+from asyncinfer.core import naming
 from infra.components.function import METRICS_NAMESPACE
 from infra.components.model_scopes import ModelScopes
 from infra.model_compute import ModelCompute
 
 #: Metrics the backlog Lambda publishes each minute (namespace ``asyncinfer``, dimension Model);
-#: see :mod:`asyncinfer.backlog`.
+#: see :mod:`asyncinfer.scaling.backlog`.
 BACKLOG_PER_TASK = "BacklogPerTask"
 BACKLOG_WITHOUT_CAPACITY = "BacklogWithoutCapacity"
 #: Soft memory reservation of a CPU worker task, MiB: small enough to place on a 2-vCPU/4 GiB
@@ -66,7 +66,7 @@ class EcsWorkers(Construct):
     Args:
         image: the worker image asset (``container/``).
         queues: model id -> job queue.
-        prefix: the deployment's resource prefix (service names, :mod:`asyncinfer.naming`).
+        prefix: the deployment's resource prefix (service names, :mod:`asyncinfer.core.naming`).
         environment: ``ASYNCINFER_*`` settings for the container.
         computes: model id -> its compute (instance type, GPUs per task, min/max tasks,
             ``BacklogPerTask`` target); models sharing an instance type and GPU-or-not share one
@@ -81,7 +81,8 @@ class EcsWorkers(Construct):
             shells for debugging; no inbound port is opened).
         scopes: where each model's task definition and service go (default: here).
         capacity_release: the function behind ``Custom::EcsCapacityRelease``
-            (:mod:`asyncinfer.teardown`): on stack deletion, after the services and before the
+            (:mod:`asyncinfer.functions.ecs_teardown`): on stack deletion, after the services and
+            before the
             group, it sets the group to 0 and lifts the instances' scale-in protection, which
             managed termination protection set and which would otherwise hang the deletion.
     """
@@ -359,7 +360,7 @@ class EcsWorkers(Construct):
         return release
 
     def services_arn_pattern(self) -> str:
-        """The worker services of this cluster (names from :mod:`asyncinfer.naming`) as one IAM
+        """The worker services of this cluster (names from :mod:`asyncinfer.core.naming`) as one IAM
         resource pattern: a list of service ARNs would grow with the catalogue."""
         return Stack.of(self).format_arn(
             service="ecs",

@@ -11,7 +11,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from asyncinfer import naming
+from asyncinfer.core import naming
 from infra.components.model_scopes import ModelScopes
 
 #: Actions of CDK's grantConsumeMessages / grantSendMessages (SQS-managed SSE: no KMS).
@@ -39,12 +39,12 @@ class ModelQueues(Construct):
 
     Every queue: SSE with SQS-owned keys, a queue policy denying non-TLS access, long polling
     (20 s). Job queues redrive to their DLQ after ``max_receive_count`` receives. Queues are
-    named by :mod:`asyncinfer.naming` from ``prefix``, so the code derives every URL from the
+    named by :mod:`asyncinfer.core.naming` from ``prefix``, so the code derives every URL from the
     prefix and :meth:`url_base` instead of carrying a map of them.
 
     Args:
         models: model ids.
-        prefix: the deployment's resource prefix (:mod:`asyncinfer.naming`).
+        prefix: the deployment's resource prefix (:mod:`asyncinfer.core.naming`).
         visibility_timeout: job queue visibility timeout (the worker extends it by heartbeats).
         max_receive_count: receives before a message moves to the DLQ.
         dlq_visibility_timeout: DLQ visibility timeout (at least six times the DLQ handler's
@@ -107,7 +107,7 @@ class ModelQueues(Construct):
 
     def arn_pattern(self, infix: str) -> str:
         """The IAM resource pattern of every job queue (``infix`` ``jobs-``) or dead-letter
-        queue (``dlq-``) of this deployment and nothing else (:mod:`asyncinfer.naming`)."""
+        queue (``dlq-``) of this deployment and nothing else (:mod:`asyncinfer.core.naming`)."""
         return Stack.of(self).format_arn(
             service="sqs", resource=f"{self.prefix}{infix}*", arn_format=ArnFormat.NO_RESOURCE_NAME
         )

@@ -11,16 +11,16 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from asyncinfer import job_metrics as jm
+from asyncinfer.core import job_metrics as jm
 from infra.components.model_scopes import ModelScopes
 
 #: Job metrics (EMF, namespace ``asyncinfer``, dimension ``Model`` only) that the worker and the
-#: SageMaker completion Lambda publish: one definition, :mod:`asyncinfer.job_metrics`.
+#: SageMaker completion Lambda publish: one definition, :mod:`asyncinfer.core.job_metrics`.
 JOB_METRICS = tuple(jm.UNITS)
 
 
 def job_metric(name: str, model: str, statistic: str = "Sum") -> cloudwatch.Metric:
-    """A job metric of ``model`` over 5 minutes, as :mod:`asyncinfer.job_metrics` defines it
+    """A job metric of ``model`` over 5 minutes, as :mod:`asyncinfer.core.job_metrics` defines it
     (``KeyError`` for a name it does not define)."""
     jm.UNITS[name]
     return cloudwatch.Metric(

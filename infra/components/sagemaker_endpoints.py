@@ -19,7 +19,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from asyncinfer import naming
+from asyncinfer.core import naming
 from infra.components.model_scopes import ModelScopes
 from infra.model_compute import ModelCompute, grant_weight_read
 
@@ -54,7 +54,7 @@ def endpoint_metric(name: str, endpoint_name: str) -> cloudwatch.Metric:
 
 
 def endpoint_name_for(prefix: str, model: str) -> str:
-    """A valid, lower-case endpoint name (:func:`asyncinfer.naming.endpoint_name`)."""
+    """A valid, lower-case endpoint name (:func:`asyncinfer.core.naming.endpoint_name`)."""
     return naming.endpoint_name(prefix, model)
 
 
@@ -71,7 +71,7 @@ class SageMakerEndpoints(Construct):
     Args:
         image: the worker image asset.
         models: model ids.
-        prefix: the deployment's resource prefix (endpoint names, :mod:`asyncinfer.naming`).
+        prefix: the deployment's resource prefix (endpoint names, :mod:`asyncinfer.core.naming`).
         bucket: data bucket (``inputs/`` and ``uploads/`` read, outputs and failures written).
         success_topic / error_topic: SageMaker notification topics.
         environment: ``ASYNCINFER_*`` settings for the container.

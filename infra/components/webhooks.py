@@ -1,5 +1,6 @@
 """Webhook delivery: an SQS queue subscribed to the events topic (raw delivery) feeding the
-dispatcher Lambda (:mod:`asyncinfer.webhooks.dispatcher`), the webhook dead-letter queue where
+dispatcher Lambda (:mod:`asyncinfer.functions.webhook_dispatcher`), the webhook dead-letter queue
+where
 events go after the retry window (24 h by default), and the KMS key that encrypts tenants'
 signing secrets, which only the dispatcher and the API (:meth:`WebhookDelivery.grant_secrets`)
 may use (:mod:`asyncinfer.webhooks.secrets`)."""

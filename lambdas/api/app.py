@@ -1,5 +1,5 @@
-"""API Lambda entry point: API Gateway REST proxy events -> asyncinfer's REST API."""
+"""API Lambda: API Gateway REST proxy events -> asyncinfer's REST API."""
 
-from asyncinfer.api.app import handler
+from asyncinfer.functions.api import handler
 
 __all__ = ["handler"]

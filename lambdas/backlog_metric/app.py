@@ -1,21 +1,5 @@
-"""Scheduled every minute (EventBridge): publish backlog-per-task metrics for ECS scaling.
-Logic: :mod:`asyncinfer.backlog`."""
+"""Backlog-per-task metrics for ECS scaling (EventBridge, every minute)."""
 
-from __future__ import annotations
+from asyncinfer.functions.backlog_metric import handler
 
-from typing import Any
-
-from aws_lambda_powertools.utilities.typing import LambdaContext
-
-from asyncinfer.backlog import BacklogConfig, publish_backlog_metrics
-from asyncinfer.observability import instrument, powertools
-
-logger, tracer, metrics = powertools("backlog-metric")
-
-
-@instrument(logger, tracer, metrics)
-def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    """Measure every model's queue and service; print the metrics as EMF; return them."""
-    points = publish_backlog_metrics(BacklogConfig.from_env())
-    logger.info("backlog", extra={"models": points})
-    return {"models": points}
+__all__ = ["handler"]

@@ -1,6 +1,5 @@
-"""DLQ handler Lambda entry point: SQS events from the models' dead-letter queues, with partial
-batch responses (ReportBatchItemFailures)."""
+"""DLQ handler: SQS events from the models' dead-letter queues (ReportBatchItemFailures)."""
 
-from asyncinfer.dlq import lambda_handler as handler
+from asyncinfer.functions.dlq import handler
 
 __all__ = ["handler"]

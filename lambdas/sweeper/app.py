@@ -1,5 +1,5 @@
-"""Expiry sweeper Lambda entry point (EventBridge schedule, every minute)."""
+"""Sweeper: expiry, lease takeover (EventBridge, every minute)."""
 
-from asyncinfer.sweeper import lambda_handler as handler
+from asyncinfer.functions.sweeper import handler
 
 __all__ = ["handler"]

@@ -1,6 +1,5 @@
-"""Webhook dispatcher Lambda entry point: SQS events from the webhook queue (subscribed to the
-events topic, raw delivery), with partial batch responses (ReportBatchItemFailures)."""
+"""Webhook dispatcher: SQS events from the webhook queue (ReportBatchItemFailures)."""
 
-from asyncinfer.webhooks.dispatcher import lambda_handler as handler
+from asyncinfer.functions.webhook_dispatcher import handler
 
 __all__ = ["handler"]

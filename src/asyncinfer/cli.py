@@ -1,6 +1,6 @@
 """The ``asyncinfer`` command: ``local`` (the local stack), ``worker`` (one worker process),
 ``prepare`` (convert model checkpoints once), ``preflight`` (check an AWS account before a first
-``cdk deploy``, :mod:`asyncinfer.preflight`), and the client commands (``submit``, ``get``,
+``cdk deploy``, :mod:`asyncinfer.aws.preflight`), and the client commands (``submit``, ``get``,
 ``wait``, ``cancel``, ``ls``, ``batch``, ``models``, ``webhook-secret``, ``verify-webhook``; see
 :mod:`asyncinfer.client._cli` for their output and exit codes)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 def _local(args: argparse.Namespace) -> int:
-    from asyncinfer.errors import CatalogueError
+    from asyncinfer.core.errors import CatalogueError
     from asyncinfer.local.stack import LocalOptions, run_local
     from asyncinfer.models.registry import MODELS, use_catalogue
 
@@ -54,9 +54,9 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from asyncinfer import logs
+    from asyncinfer.core import logs
+    from asyncinfer.core.settings import get_settings
     from asyncinfer.models.checkpoint import ensure_checkpoint
-    from asyncinfer.settings import get_settings
 
     logs.setup("prepare")
     path = ensure_checkpoint(get_settings().model_cache_dir)
@@ -65,7 +65,7 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _preflight(args: argparse.Namespace) -> int:
-    from asyncinfer.preflight import main as preflight_main
+    from asyncinfer.aws.preflight import main as preflight_main
 
     return preflight_main(args.context or [], region=args.region)
 

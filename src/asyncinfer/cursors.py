@@ -4,7 +4,7 @@ A cursor is the DynamoDB key a tenant-index Query stopped at (``{"job_id", "tena
 JSON in URL-safe base64 without padding (RFC 4648 section 5), so it matches
 :data:`CURSOR_PATTERN` (the pattern the OpenAPI document declares). Any other string (bad base64,
 not JSON, other keys, values that are not strings, a job id that is no job id, another tenant's
-key, too long) is refused with :class:`~asyncinfer.errors.InvalidRequest` naming ``cursor``
+key, too long) is refused with :class:`~asyncinfer.core.errors.InvalidRequest` naming ``cursor``
 (HTTP 422 ``invalid_request``, as every other bad query parameter), never a 500 and never a
 Query that starts anywhere the tenant did not stop.
 """
@@ -17,8 +17,8 @@ import json
 import re
 from typing import Any
 
-from asyncinfer.errors import InvalidRequest
-from asyncinfer.ids import JOB_ID_RE
+from asyncinfer.core.errors import InvalidRequest
+from asyncinfer.core.ids import JOB_ID_RE
 
 #: Longest cursor accepted, characters (a real one is about 80).
 CURSOR_MAX_CHARS = 512

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from asyncinfer import clients, lifecycle
-from asyncinfer.chunks import chunked
+from asyncinfer.aws import clients
+from asyncinfer.aws.payloads import PayloadStore
+from asyncinfer.core import lifecycle
+from asyncinfer.core.chunks import chunked
+from asyncinfer.core.settings import Settings
+from asyncinfer.core.timeutil import iso, now
 from asyncinfer.jobview import render_job
-from asyncinfer.payloads import PayloadStore
-from asyncinfer.settings import Settings
-from asyncinfer.timeutil import iso, now
 
 
 def event_for(record: dict[str, Any], payloads: PayloadStore | None = None) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from asyncinfer.errors import Conflict, InvalidRequest
+from asyncinfer.core.errors import Conflict, InvalidRequest
 from asyncinfer.store import JobStore
 
 #: How long a done idempotency key maps to its job (spec: 24 h), seconds.

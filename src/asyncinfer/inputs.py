@@ -2,8 +2,8 @@
 worker can read (issue 14, behaviours 2 and 4).
 
 * Inline ``input``: at most ``max_input_bytes`` of JSON (setting), nested at most
-  :data:`~asyncinfer.payloads.MAX_JSON_DEPTH` levels, finite numbers only: the limits the
-  worker's parsers hold (:func:`asyncinfer.payloads.loads_bounded` applies the same ones to an
+  :data:`~asyncinfer.aws.payloads.MAX_JSON_DEPTH` levels, finite numbers only: the limits the
+  worker's parsers hold (:func:`asyncinfer.aws.payloads.loads_bounded` applies the same ones to an
   input read from S3).
 * ``input_url``: the tenant's own uploads (``s3://<service bucket>/uploads/<tenant>/...``, as
   ``POST /v1/uploads`` hands out) or a location the operator lists in ``input_locations``
@@ -24,10 +24,10 @@ from typing import Any
 
 from ulid import ULID
 
-from asyncinfer.errors import InvalidRequest, PayloadTooLarge
-from asyncinfer.payloads import dumps, json_problem, split_uri
-from asyncinfer.settings import Settings
-from asyncinfer.timeutil import iso, now
+from asyncinfer.aws.payloads import dumps, json_problem, split_uri
+from asyncinfer.core.errors import InvalidRequest, PayloadTooLarge
+from asyncinfer.core.settings import Settings
+from asyncinfer.core.timeutil import iso, now
 
 #: Lifetime of upload URLs and forms, seconds.
 UPLOAD_URL_SECONDS = 3600

@@ -1,7 +1,7 @@
 """The job service: submit, read, wait for, cancel and list jobs. The API handlers call this
 module; it owns the order of writes (record, message, event) and the lifecycle rules on the
 request path. Tenant isolation lives here: every read filters by tenant and answers
-:class:`~asyncinfer.errors.NotFound` for another tenant's job."""
+:class:`~asyncinfer.core.errors.NotFound` for another tenant's job."""
 
 from __future__ import annotations
 
@@ -11,29 +11,30 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from asyncinfer import clients, lifecycle
-from asyncinfer.api.schemas import JobRequest
-from asyncinfer.errors import (
+from asyncinfer.aws import clients
+from asyncinfer.aws.payloads import PayloadStore, split_uri
+from asyncinfer.core import lifecycle
+from asyncinfer.core.errors import (
     Conflict,
     InternalError,
     InvalidRequest,
     NotFound,
     TransitionRefused,
 )
+from asyncinfer.core.ids import is_job_id, new_job_id
+from asyncinfer.core.settings import Settings
+from asyncinfer.core.timeutil import iso, now, parse
 from asyncinfer.events import EventPublisher
+from asyncinfer.functions.api.schemas import JobRequest
 from asyncinfer.idempotency import IDEMPOTENCY_SECONDS, IdempotencyKeys, body_hash
-from asyncinfer.ids import is_job_id, new_job_id
 from asyncinfer.inputs import check_inline_input, check_input_url
 from asyncinfer.jobview import render_job
 from asyncinfer.messages import MAX_MESSAGE_BYTES, JobMessage
 from asyncinfer.models.registry import MODELS, get_spec, validate_input
-from asyncinfer.payloads import PayloadStore, split_uri
 from asyncinfer.scaling.wake import wake_on_submit
-from asyncinfer.settings import Settings
 from asyncinfer.store import QUEUED_MARK, JobStore
-from asyncinfer.timeutil import iso, now, parse
 from asyncinfer.waits import WaitSlots
-from asyncinfer.webhook_urls import check_url
+from asyncinfer.webhooks.urls import check_url
 
 __all__ = ["IDEMPOTENCY_SECONDS", "JobService"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from asyncinfer.timeutil import parse
+from asyncinfer.core.timeutil import parse
 
 if TYPE_CHECKING:
-    from asyncinfer.payloads import PayloadStore
+    from asyncinfer.aws.payloads import PayloadStore
 
 
 def _seconds_between(a: str | None, b: str | None) -> float | None:

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncinfer import lifecycle
-from asyncinfer.errors import TransitionRefused
-from asyncinfer.settings import Settings
+from asyncinfer.core import lifecycle
+from asyncinfer.core.errors import TransitionRefused
+from asyncinfer.core.settings import Settings
+from asyncinfer.core.timeutil import iso, now
 from asyncinfer.store import LEASE_FIELD, JobStore, Transition
-from asyncinfer.timeutil import iso, now
 
 #: What a takeover removes: the lost attempt's leftovers (as a worker's own requeue does).
 _LOST_ATTEMPT_REMOVES = ("started_at", "progress_tokens", "output", "inference_id")

@@ -29,7 +29,7 @@ running attempt, set once the bridge invoked the endpoint), ``ttl`` (N).
 
 Every status change is :meth:`JobStore.transition`: an UpdateItem whose condition is the current
 status (``#status``: ``status`` is a DynamoDB reserved word) and, where given, the attempt number.
-A late or duplicate update therefore fails with :class:`~asyncinfer.errors.TransitionRefused`
+A late or duplicate update therefore fails with :class:`~asyncinfer.core.errors.TransitionRefused`
 carrying the record as it now is (``ReturnValuesOnConditionCheckFailure=ALL_OLD``).
 :meth:`JobStore.transition_many` writes the same conditional updates of several jobs in
 TransactWriteItems calls, each item refused or applied as it would be alone.
@@ -49,12 +49,13 @@ from typing import Any, TypeVar
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
-from asyncinfer import clients, lifecycle
-from asyncinfer.chunks import chunked
+from asyncinfer.aws import clients
+from asyncinfer.core import lifecycle
+from asyncinfer.core.chunks import chunked
+from asyncinfer.core.errors import TransitionRefused
+from asyncinfer.core.settings import Settings, get_settings
+from asyncinfer.core.timeutil import iso, now
 from asyncinfer.cursors import decode_cursor, encode_cursor
-from asyncinfer.errors import TransitionRefused
-from asyncinfer.settings import Settings, get_settings
-from asyncinfer.timeutil import iso, now
 
 TENANT_INDEX = "tenant-index"
 #: Sparse GSI of the jobs waiting in a queue, by the time their TTL ends (the expiry sweeper's).
@@ -309,7 +310,7 @@ class JobStore:
         Args:
             from_status: the status (or statuses) the job must be in now.
             to_status: the new status; each ``from -> to`` must be allowed by
-                :mod:`asyncinfer.lifecycle` (``ValueError`` otherwise: a programming error).
+                :mod:`asyncinfer.core.lifecycle` (``ValueError`` otherwise: a programming error).
             attempts: when given, the job's ``attempts`` must equal it (a write from an earlier
                 attempt is refused).
             set_fields: other attributes to set in the same write.

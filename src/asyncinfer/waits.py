@@ -35,7 +35,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from asyncinfer.errors import RateLimited
+from asyncinfer.core.errors import RateLimited
 
 log = logging.getLogger("asyncinfer.waits")
 

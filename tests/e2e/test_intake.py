@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncinfer.timeutil import parse
+from asyncinfer.core.timeutil import parse
 from tests.e2e.conftest import LocalStackProcess, local_stack
 
 pytestmark = pytest.mark.e2e

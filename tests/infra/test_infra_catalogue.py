@@ -193,7 +193,7 @@ def test_the_default_catalogue_is_the_image_copy(ecs: Synth) -> None:
 def test_an_invalid_catalogue_fails_synth_naming_every_problem(tmp_path: Path) -> None:
     import aws_cdk as cdk
 
-    from asyncinfer.errors import CatalogueError
+    from asyncinfer.core.errors import CatalogueError
     from infra.app import build_app, feature_flags
 
     bad = tmp_path / "models.yaml"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from asyncinfer import job_metrics
+from asyncinfer.core import job_metrics
 from infra.components.function import powertools_version
 
 
@@ -67,7 +67,7 @@ def test_sagemaker_endpoint_role_reads_uploads(sagemaker: Any) -> None:
 
 
 def test_failure_rate_alarm_reads_the_metrics_as_the_code_emits_them(any_mode: Any) -> None:
-    """Same namespace, names and dimension set as asyncinfer.job_metrics (which the completion
+    """Same namespace, names and dimension set as asyncinfer.core.job_metrics (which the completion
     Lambda and the worker use): CloudWatch matches all dimensions."""
     alarms = [
         a

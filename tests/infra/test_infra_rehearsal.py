@@ -16,7 +16,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from asyncinfer.settings import Settings
+from asyncinfer.core.settings import Settings
 
 #: Regions the templates must be valid in (resource types, instance types, AZs).
 REGIONS = ("us-east-1", "us-west-2", "eu-west-1", "ap-southeast-2")

@@ -7,9 +7,9 @@ from typing import Any
 
 from aws_cdk.assertions import Match
 
-from asyncinfer import naming
+from asyncinfer.core import naming
+from asyncinfer.core.settings import Settings
 from asyncinfer.models.registry import MODELS
-from asyncinfer.settings import Settings
 
 
 def _resolved(env: dict[str, Any]) -> dict[str, str]:
@@ -106,7 +106,7 @@ def test_each_model_has_a_queue_per_priority_class_sharing_one_dlq(any_mode: Any
     targets = {json.dumps(p["RedrivePolicy"]["deadLetterTargetArn"]) for p in redriven}
     assert len(redriven) == 3 * len(models)
     assert len(targets) == len(models)
-    # The queues are named by the rule the code derives their URLs from (asyncinfer.naming).
+    # The queues are named by the rule the code derives their URLs from (asyncinfer.core.naming).
     prefix = api_env["ASYNCINFER_RESOURCE_PREFIX"]
     names = {p["QueueName"] for p in redriven}
     for model in models:
@@ -345,7 +345,8 @@ def test_api_can_wake_a_backend_at_zero(any_mode: Any) -> None:
     )
     env = api["Environment"]["Variables"]
     statements = json.dumps([p["PolicyDocument"] for p in any_mode.props("AWS::IAM::Policy")])
-    # Service and endpoint names follow from the prefix and the compute mode (asyncinfer.naming).
+    # Service and endpoint names follow from the prefix and the compute mode
+    # (asyncinfer.core.naming).
     settings = Settings.from_env(_resolved(env))
     if any_mode.mode == "ecs":
         assert {"ASYNCINFER_ECS_CLUSTER", "ASYNCINFER_RESOURCE_PREFIX"} <= set(env)

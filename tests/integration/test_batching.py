@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from asyncinfer.core.settings import Settings
 from asyncinfer.jobs import JobService
 from asyncinfer.local.resources import create_resources
 from asyncinfer.models.base import WorkItem
 from asyncinfer.models.registry import MODELS
-from asyncinfer.settings import Settings
 from tests.integration.conftest import Env, WorkerThread
 
 GEN = "smollm2-135m-instruct"

@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 from standardwebhooks import Webhook
 
-from asyncinfer import clients
-from asyncinfer.api.schemas import JobRequest
+from asyncinfer.aws import clients
+from asyncinfer.core.settings import Settings
 from asyncinfer.events import EventPublisher
+from asyncinfer.functions.api.schemas import JobRequest
+from asyncinfer.functions.webhook_dispatcher import WebhookDispatcher, make_handler
 from asyncinfer.jobs import JobService
 from asyncinfer.local.event_source import pump_once
 from asyncinfer.local.stack import free_port
-from asyncinfer.settings import Settings
 from asyncinfer.store import JobStore
-from asyncinfer.webhooks.dispatcher import WebhookDispatcher, make_handler
 from asyncinfer.webhooks.secrets import SecretStore
 from asyncinfer.webhooks.sender import WebhookSender
 from tests.integration.conftest import Env

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from asyncinfer import clients
-from asyncinfer.dlq import lambda_handler
+from asyncinfer.aws import clients
+from asyncinfer.functions.dlq import handler
 from asyncinfer.local.event_source import sqs_event_record
 from asyncinfer.local.lambda_runtime import LocalContext
 from tests.integration.conftest import Env, WorkerThread
@@ -114,14 +114,14 @@ def test_poison_message_goes_to_dlq_and_fails_with_max_attempts(
     from tests.conftest import reset_caches
 
     reset_caches()
-    result = lambda_handler(event, LocalContext())
+    result = handler(event, LocalContext())
     assert result == {"batchItemFailures": []}
     rec = env.job(job_id)
     assert rec["status"] == "failed"
     assert rec["error"]["code"] == "max_attempts"
     assert types_for(env.events(), job_id)[-1] == "job.failed"
     # A second delivery of the same dead letter changes nothing.
-    assert lambda_handler(event, LocalContext()) == {"batchItemFailures": []}
+    assert handler(event, LocalContext()) == {"batchItemFailures": []}
     assert env.job(job_id)["status"] == "failed"
 
 
@@ -135,7 +135,7 @@ def test_lost_worker_late_write_is_refused(make_env: Callable[..., Env]) -> None
     with WorkerThread(env.settings):
         rec = env.wait_for(job_id, {"succeeded"})
     assert rec["attempts"] == 2
-    from asyncinfer.errors import TransitionRefused
+    from asyncinfer.core.errors import TransitionRefused
 
     with pytest.raises(TransitionRefused):
         store.transition(job_id, from_status="running", to_status="succeeded", attempts=1)

@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from asyncinfer import clients
+from asyncinfer.aws import clients
+from asyncinfer.aws.payloads import PayloadStore
 from asyncinfer.events import EventPublisher
-from asyncinfer.payloads import PayloadStore
 from tests.integration.conftest import Env, WorkerThread
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from asyncinfer import clients
+from asyncinfer.aws import clients
 from asyncinfer.jobs import JobService
 from asyncinfer.jobview import render_job
 from tests.integration.conftest import Env, WorkerThread
@@ -120,7 +120,7 @@ def test_a_redelivered_job_and_a_lost_attempt_still_refuse_late_writes(
     """A job found running (its worker lost) among jobs started together: it goes back to
     queued and runs as attempt 2; the lost attempt's late terminal write is refused, in a batch
     as alone."""
-    from asyncinfer.errors import TransitionRefused
+    from asyncinfer.core.errors import TransitionRefused
     from asyncinfer.store import Transition
 
     env = make_env()

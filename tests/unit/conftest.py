@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pytest
 from moto import mock_aws
 
+from asyncinfer.core.settings import Settings
 from asyncinfer.local.resources import Resources, create_resources
 from asyncinfer.models.registry import MODELS
-from asyncinfer.settings import Settings
 from tests.conftest import ApiCaller, apply_env
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from asyncinfer import clients
+from asyncinfer.aws import clients
 from asyncinfer.local.resources import Resources
 from tests.conftest import ApiCaller, drain_events
 
@@ -362,7 +362,7 @@ def test_strict_json_or_400(api: ApiCaller, resources: Resources, raw: bytes) ->
 
 
 def test_body_that_is_not_utf8_is_400(resources: Resources) -> None:
-    from asyncinfer.api.app import handler
+    from asyncinfer.functions.api.app import handler
     from asyncinfer.local.gateway import build_event
     from asyncinfer.local.lambda_runtime import LocalContext
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import boto3
 from moto import mock_aws
 
-from asyncinfer.backlog import BacklogConfig, measure
+from asyncinfer.scaling.backlog import BacklogConfig, measure
 
 
 @mock_aws

@@ -15,7 +15,8 @@ import yaml
 from moto import mock_aws
 
 from asyncinfer.client.models import ModelInfo
-from asyncinfer.errors import CatalogueError, InvalidRequest
+from asyncinfer.core.errors import CatalogueError, InvalidRequest
+from asyncinfer.core.settings import Settings
 from asyncinfer.local.resources import create_resources
 from asyncinfer.models.catalogue import (
     default_models_file,
@@ -25,7 +26,6 @@ from asyncinfer.models.catalogue import (
 )
 from asyncinfer.models.registry import MODELS, use_catalogue, validate_input
 from asyncinfer.models.schemas import EchoInput, EmbeddingInput, GenerationInput
-from asyncinfer.settings import Settings
 from tests.conftest import ApiCaller, apply_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -323,7 +323,7 @@ def test_api_validates_python_input_and_lists_models(
 def test_api_import_loads_no_torch_or_model_code() -> None:
     code = f"""
 import json, sys
-import asyncinfer.api.app
+import asyncinfer.functions.api.app
 from asyncinfer.models.registry import MODELS, use_catalogue, validate_input
 for m in MODELS:
     MODELS[m].describe()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncinfer.errors import ConfigError
+from asyncinfer.core.errors import ConfigError
 from asyncinfer.models.device import for_spec, resolve
 from asyncinfer.models.registry import MODELS
 

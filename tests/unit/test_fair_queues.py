@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncinfer import clients, sweeper
+from asyncinfer.aws import clients
+from asyncinfer.core.settings import Settings
+from asyncinfer.functions import sweeper
 from asyncinfer.local.resources import Resources
 from asyncinfer.messages import JobMessage, message_group_id
-from asyncinfer.settings import Settings
 from tests.conftest import ApiCaller
 
 

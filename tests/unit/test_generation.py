@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from asyncinfer.errors import InvalidInput, JobCancelled, JobTimeout, OutOfMemory
+from asyncinfer.core.errors import InvalidInput, JobCancelled, JobTimeout, OutOfMemory
 from asyncinfer.models.base import Result, WorkItem
 from asyncinfer.models.generation import BatchedDecoder
 from asyncinfer.models.registry import MODELS

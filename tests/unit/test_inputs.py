@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from asyncinfer import clients
-from asyncinfer.errors import InvalidInput
+from asyncinfer.aws import clients
+from asyncinfer.aws.payloads import MAX_JSON_DEPTH, PayloadStore
+from asyncinfer.core.errors import InvalidInput
+from asyncinfer.core.settings import Settings
 from asyncinfer.local.resources import Resources
-from asyncinfer.payloads import MAX_JSON_DEPTH, PayloadStore
-from asyncinfer.settings import Settings
 from tests.conftest import ApiCaller, apply_env
 from tests.unit.helpers import count_calls
 
@@ -130,7 +130,7 @@ def test_worker_read_holds_the_submit_limits(resources: Resources, body: bytes, 
 
 
 def test_depth_limit_is_the_same_for_upload_and_inline() -> None:
-    from asyncinfer.payloads import json_problem
+    from asyncinfer.aws.payloads import json_problem
 
     ok: Any = {}
     for _ in range(MAX_JSON_DEPTH - 1):
@@ -145,7 +145,7 @@ def test_depth_limit_is_the_same_for_upload_and_inline() -> None:
 def test_sagemaker_endpoint_holds_the_same_limits(body: bytes) -> None:
     from asyncinfer.models.echo import EchoHandler
     from asyncinfer.models.registry import MODELS
-    from asyncinfer.sagemaker.server import InvocationsApp
+    from asyncinfer.worker.sagemaker_server import InvocationsApp
 
     app = InvocationsApp("echo", handler=EchoHandler(spec=MODELS["echo"]))
     status, resp = app.invoke(body)

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from asyncinfer import job_metrics as jm
-from asyncinfer.api.schemas import JobRequest
-from asyncinfer.errors import InvalidInput
+from asyncinfer.core import job_metrics as jm
+from asyncinfer.core.errors import InvalidInput
+from asyncinfer.core.settings import Settings
+from asyncinfer.functions.api.schemas import JobRequest
 from asyncinfer.jobs import JobService
 from asyncinfer.jobview import render_job
 from asyncinfer.models import base
 from asyncinfer.models.base import ModelHandler, Result, WorkItem
 from asyncinfer.models.registry import MODELS
-from asyncinfer.settings import Settings
 from asyncinfer.worker.metrics import emit_job_metrics
 from asyncinfer.worker.outcomes import cost_fields, decide
 from asyncinfer.worker.runner import Worker
@@ -143,7 +143,7 @@ def test_cost_fields() -> None:
 
 
 def test_every_terminal_outcome_records_compute_a_requeue_does_not() -> None:
-    from asyncinfer.errors import JobCancelled, TransientError
+    from asyncinfer.core.errors import JobCancelled, TransientError
     from asyncinfer.worker.outcomes import Finish, Requeue
 
     record = {"job_id": "job_1", "attempts": 1}

@@ -15,17 +15,18 @@ from typing import Any
 
 import pytest
 
-import asyncinfer.sweeper as sweeper
-from asyncinfer import clients, leases
-from asyncinfer.api.schemas import JobRequest
-from asyncinfer.errors import TransitionRefused
+import asyncinfer.functions.sweeper as sweeper
+from asyncinfer import leases
+from asyncinfer.aws import clients
+from asyncinfer.core.errors import TransitionRefused
+from asyncinfer.core.settings import Settings
+from asyncinfer.core.timeutil import now
+from asyncinfer.functions.api.schemas import JobRequest
+from asyncinfer.functions.sagemaker_bridge import Bridge, inference_id
+from asyncinfer.functions.sagemaker_completion import Completion
 from asyncinfer.jobs import JobService
 from asyncinfer.local.resources import Resources
-from asyncinfer.sagemaker.bridge import Bridge, inference_id
-from asyncinfer.sagemaker.completion import Completion
-from asyncinfer.settings import Settings
 from asyncinfer.store import LEASE_FIELD, JobStore
-from asyncinfer.timeutil import now
 from asyncinfer.worker import runner
 from asyncinfer.worker.inflight import Held
 from asyncinfer.worker.runner import Worker
@@ -410,12 +411,12 @@ def test_the_sweeper_lambda_takes_back_lapsed_leases(
     monkeypatch.setenv("ASYNCINFER_LEASE_SECONDS", str(LEASE))
     monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "asyncinfer")
     monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")
-    monkeypatch.setattr("asyncinfer.sweeper.get_settings", Settings.from_env)
+    monkeypatch.setattr("asyncinfer.functions.sweeper.get_settings", Settings.from_env)
     store = JobStore(Settings.from_env())
     job_id = submit(settings)
     store.transition(job_id, from_status="queued", to_status="running", increment_attempts=True)
     later(monkeypatch, LEASE + 2)
-    assert sweeper.lambda_handler({}, LocalContext("sweeper")) == {"expired": 0, "taken_back": 1}
+    assert sweeper.handler({}, LocalContext("sweeper")) == {"expired": 0, "taken_back": 1}
     assert store.get(job_id)["status"] == "queued"  # type: ignore[index]
 
 

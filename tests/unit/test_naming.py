@@ -1,5 +1,5 @@
-"""The naming rule of per-model resources (asyncinfer.naming) and the settings derived from it;
-the job metrics' one definition (asyncinfer.job_metrics)."""
+"""The naming rule of per-model resources (asyncinfer.core.naming) and the settings derived from it;
+the job metrics' one definition (asyncinfer.core.job_metrics)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from asyncinfer import job_metrics, naming
-from asyncinfer.backlog import BacklogConfig, measure
-from asyncinfer.errors import ConfigError
-from asyncinfer.settings import Settings
+from asyncinfer.core import job_metrics, naming
+from asyncinfer.core.errors import ConfigError
+from asyncinfer.core.settings import Settings
+from asyncinfer.scaling.backlog import BacklogConfig, measure
 
 BASE = "https://sqs.us-east-1.amazonaws.com/123456789012/"
 
@@ -107,7 +107,7 @@ def test_completion_metrics_carry_only_the_model_dimension(
     Lambda); the alarms read {Model} only, so the completion Lambda must not use it."""
     monkeypatch.setenv("POWERTOOLS_SERVICE_NAME", "sagemaker-completion")
     monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)  # set by tests/conftest.py
-    from lambdas.sagemaker_completion.app import emit
+    from asyncinfer.functions.sagemaker_completion import emit
 
     emit(job_metrics.JOBS_FAILED, 1, "Count", "echo")
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -141,7 +141,7 @@ def test_sagemaker_bridge_finds_its_endpoints_through_the_rule(
     """The CDK app gives the bridge Lambda no endpoint map, only the prefix: the bridge built from
     its environment must still know every model's endpoint (it knew none: every job was
     released as 'no endpoint' in AWS)."""
-    from asyncinfer.sagemaker.bridge import Bridge
+    from asyncinfer.functions.sagemaker_bridge import Bridge
 
     for k, v in _env(ASYNCINFER_COMPUTE="sagemaker").items():
         monkeypatch.setenv(k, v)

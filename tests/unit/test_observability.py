@@ -1,4 +1,4 @@
-"""``asyncinfer.observability.single``: one EMF metric with its own dimensions, printed unless
+"""``asyncinfer.core.observability.single``: one EMF metric with its own dimensions, printed unless
 metrics are disabled (the local stack sets ``POWERTOOLS_METRICS_DISABLED``)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from asyncinfer.observability import single
+from asyncinfer.core.observability import single
 
 
 def test_single_prints_emf_with_its_dimensions(

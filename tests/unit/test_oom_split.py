@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncinfer.errors import OutOfMemory, TransientError
+from asyncinfer.core.errors import OutOfMemory, TransientError
 from asyncinfer.models.base import ModelHandler, Result, WorkItem, is_out_of_memory, run_batch
 from asyncinfer.models.minilm import MiniLMHandler
 from asyncinfer.models.registry import MODELS

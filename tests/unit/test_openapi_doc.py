@@ -237,7 +237,7 @@ def test_idempotency_key_header_out_of_range_is_422(api: ApiCaller) -> None:
     ],
 )
 def test_server_is_the_path_the_api_is_served_under(resources: Any, sent: str, server: str) -> None:
-    from asyncinfer.api.app import handler
+    from asyncinfer.functions.api.app import handler
     from asyncinfer.local.gateway import build_event
     from asyncinfer.local.lambda_runtime import LocalContext
 

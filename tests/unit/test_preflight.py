@@ -14,8 +14,8 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from asyncinfer import preflight
-from asyncinfer.preflight import Check, Plan
+from asyncinfer.aws import preflight
+from asyncinfer.aws.preflight import Check, Plan
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-east-1"

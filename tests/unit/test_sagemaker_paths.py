@@ -18,20 +18,21 @@ import requests
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from asyncinfer import clients, lifecycle
-from asyncinfer.api.schemas import JobRequest
-from asyncinfer.backlog import BacklogConfig, backlog_point, publish_backlog_metrics
+from asyncinfer.aws import clients
+from asyncinfer.aws.payloads import PayloadStore
+from asyncinfer.core import lifecycle
+from asyncinfer.core.settings import Settings
+from asyncinfer.core.timeutil import iso, now
+from asyncinfer.functions.api.schemas import JobRequest
+from asyncinfer.functions.sagemaker_bridge import Bridge, inference_id
+from asyncinfer.functions.sagemaker_completion import Completion, classify_failure
 from asyncinfer.jobs import JobService
 from asyncinfer.local.resources import Resources
 from asyncinfer.models.echo import EchoHandler
 from asyncinfer.models.registry import MODELS
-from asyncinfer.payloads import PayloadStore
-from asyncinfer.sagemaker.bridge import Bridge, inference_id
-from asyncinfer.sagemaker.completion import Completion, classify_failure
-from asyncinfer.sagemaker.server import InvocationsApp, make_server
-from asyncinfer.settings import Settings
+from asyncinfer.scaling.backlog import BacklogConfig, backlog_point, publish_backlog_metrics
 from asyncinfer.store import JobStore
-from asyncinfer.timeutil import iso, now
+from asyncinfer.worker.sagemaker_server import InvocationsApp, make_server
 from tests.conftest import drain_events
 
 TENANT = "t1"

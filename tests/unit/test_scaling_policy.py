@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from asyncinfer.backlog import backlog_point
+from asyncinfer.scaling.backlog import backlog_point
 from asyncinfer.scaling.policy import (
     Observation,
     ScalingConfig,

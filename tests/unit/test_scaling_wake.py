@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from asyncinfer.core.settings import Settings
 from asyncinfer.scaling import wake
 from asyncinfer.scaling.wake import Waker, WakeTargets
-from asyncinfer.settings import Settings
 
 
 class FakeEcs:
@@ -146,7 +146,7 @@ def test_nothing_configured_is_a_no_op() -> None:
 
 def test_submit_wakes_the_model(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """The job service's submit calls wake_on_submit once the job is queued."""
-    from asyncinfer.api.schemas import JobRequest
+    from asyncinfer.functions.api.schemas import JobRequest
     from asyncinfer.jobs import JobService
 
     calls: list[str] = []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from asyncinfer.errors import ConfigError
-from asyncinfer.settings import Settings
+from asyncinfer.core.errors import ConfigError
+from asyncinfer.core.settings import Settings
 
 
 def test_from_env_reads_queues_and_defaults_models_to_their_keys() -> None:

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from asyncinfer import lifecycle
 from asyncinfer import store as store_module
-from asyncinfer.errors import TransitionRefused
-from asyncinfer.settings import Settings
+from asyncinfer.core import lifecycle
+from asyncinfer.core.errors import TransitionRefused
+from asyncinfer.core.settings import Settings
 from asyncinfer.store import JobStore, Transition
 from tests.unit.helpers import count_calls, new_job
 

@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, ReadTimeoutError
 
-from asyncinfer import clients, idempotency
-from asyncinfer.api.app import service
+from asyncinfer import idempotency
+from asyncinfer.aws import clients
+from asyncinfer.aws.payloads import MAX_JSON_DEPTH
+from asyncinfer.functions.api.app import service
 from asyncinfer.jobs import JobService
 from asyncinfer.local.resources import Resources
 from asyncinfer.messages import MAX_MESSAGE_BYTES, JobMessage
-from asyncinfer.payloads import MAX_JSON_DEPTH
 from asyncinfer.store import JobStore
 from tests.conftest import ApiCaller, apply_env
 
@@ -218,7 +219,7 @@ def put_claim(res: Resources, tenant: str, key: str, body: dict[str, Any], **att
 
 
 def canonical(body: dict[str, Any]) -> dict[str, Any]:
-    from asyncinfer.api.schemas import JobRequest
+    from asyncinfer.functions.api.schemas import JobRequest
 
     return JobRequest.model_validate(body).model_dump(mode="json")
 

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-import asyncinfer.sweeper as sweeper
-from asyncinfer.api.schemas import JobRequest
+import asyncinfer.functions.sweeper as sweeper
+from asyncinfer.core.settings import Settings
+from asyncinfer.functions.api.schemas import JobRequest
 from asyncinfer.jobs import JobService
-from asyncinfer.settings import Settings
 from asyncinfer.store import JobStore
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import boto3
 from moto import mock_aws
 
-from asyncinfer.teardown import handle, release_capacity
+from asyncinfer.functions.ecs_teardown import handle, release_capacity
 
 REGION = "us-east-1"
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from asyncinfer import waits
-from asyncinfer.api.app import service
+from asyncinfer.core.settings import Settings
+from asyncinfer.functions.api.app import service
 from asyncinfer.local.resources import Resources
-from asyncinfer.settings import Settings
 from asyncinfer.waits import WaitSlots
 from tests.conftest import ApiCaller, apply_env
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from asyncinfer.core.settings import Settings
 from asyncinfer.events import event_for
-from asyncinfer.settings import Settings
+from asyncinfer.functions.webhook_dispatcher import WebhookDispatcher, make_handler
 from asyncinfer.store import JobStore
 from asyncinfer.webhooks.batch import BOOKKEEPING_SECONDS, batch_deadlines
-from asyncinfer.webhooks.dispatcher import WebhookDispatcher, make_handler
 from asyncinfer.webhooks.sender import WebhookSender
 from tests.unit.test_webhook_deadline import TRICKLE_FOR, SlowReceiver, _read_request, _trickle
 from tests.unit.test_webhooks import _job_with_webhook
@@ -201,7 +201,7 @@ class _ScriptedSender(WebhookSender):
 
 
 def test_a_host_that_timed_out_rests_so_it_cannot_fill_the_dispatcher(settings: Settings) -> None:
-    from asyncinfer.webhooks.dispatcher import WebhookRetry
+    from asyncinfer.functions.webhook_dispatcher import WebhookRetry
     from asyncinfer.webhooks.slow_hosts import SlowHosts
 
     slow = [_job_to(settings, "https://93.184.216.34/hook") for _ in range(3)]
@@ -223,7 +223,7 @@ def test_a_host_that_timed_out_rests_so_it_cannot_fill_the_dispatcher(settings: 
 
 
 def test_one_tenants_slow_endpoint_does_not_rest_another_tenants(settings: Settings) -> None:
-    from asyncinfer.webhooks.dispatcher import WebhookRetry
+    from asyncinfer.functions.webhook_dispatcher import WebhookRetry
     from asyncinfer.webhooks.slow_hosts import SlowHosts
 
     a = _job_to(settings, "https://93.184.216.34/slow")
@@ -266,7 +266,7 @@ def test_no_attempt_is_started_without_time_for_one() -> None:
 
 
 def test_a_timeout_our_own_budget_caused_does_not_rest_the_host(settings: Settings) -> None:
-    from asyncinfer.webhooks.dispatcher import WebhookRetry
+    from asyncinfer.functions.webhook_dispatcher import WebhookRetry
     from asyncinfer.webhooks.slow_hosts import SlowHosts
 
     first, second = (_job_to(settings, "https://93.184.216.34/hook") for _ in range(2))

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from asyncinfer.errors import InvalidRequest
-from asyncinfer.webhook_urls import (
+from asyncinfer.core.errors import InvalidRequest
+from asyncinfer.webhooks.urls import (
     NOT_GLOBAL,
     ForbiddenAddress,
     check_address,
@@ -231,7 +231,7 @@ def test_local_stack_allows_any_port() -> None:
 def test_a_slow_resolver_does_not_hold_the_submit(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    import asyncinfer.webhook_urls as wu
+    import asyncinfer.webhooks.urls as wu
 
     def slow(*a: Any, **k: Any) -> list[Any]:
         time.sleep(4)

@@ -14,20 +14,20 @@ import pytest
 from botocore.exceptions import ClientError
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from asyncinfer.api.schemas import JobRequest
-from asyncinfer.errors import ConfigError
+from asyncinfer.core.errors import ConfigError
+from asyncinfer.core.settings import Settings
 from asyncinfer.events import event_for
-from asyncinfer.jobs import JobService
-from asyncinfer.settings import Settings
-from asyncinfer.store import JobStore
-from asyncinfer.webhooks import verify
-from asyncinfer.webhooks.dispatcher import (
+from asyncinfer.functions.api.schemas import JobRequest
+from asyncinfer.functions.webhook_dispatcher import (
     WebhookDispatcher,
     WebhookRetry,
     backoff_delay,
     make_handler,
     parse_event,
 )
+from asyncinfer.jobs import JobService
+from asyncinfer.store import JobStore
+from asyncinfer.webhooks import verify
 from asyncinfer.webhooks.secrets import SecretStore, encryption_context
 from asyncinfer.webhooks.sender import MAX_RESPONSE_BYTES, WebhookSender
 from asyncinfer.webhooks.signing import event_id, new_secret, sign_headers

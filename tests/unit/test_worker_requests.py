@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from asyncinfer.settings import Settings
+from asyncinfer.core.settings import Settings
 from asyncinfer.store import JobStore
 from asyncinfer.worker import held as held_module
 from asyncinfer.worker import watcher

@@ -27,14 +27,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from asyncinfer.errors import PayloadTooLarge
+from asyncinfer.core.errors import PayloadTooLarge
 from asyncinfer.local.lambda_runtime import LambdaPool
 
 log = logging.getLogger("asyncinfer.local")
 
 #: API Gateway REST APIs take payloads up to 10 MB.
 GATEWAY_MAX_BODY_BYTES = 10 * 1024 * 1024
-API_HANDLER = "asyncinfer.api.app:handler"
+API_HANDLER = "asyncinfer.functions.api.app:handler"
 PUBLIC_PATHS = frozenset({"/v1/health"})
 #: The methods a REST API resource method can have; ``ANY`` stands for all of them (API Gateway
 #: developer guide, "Set up a method"). Others (TRACE, CONNECT, ...) match no method.

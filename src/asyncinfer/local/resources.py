@@ -9,8 +9,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncinfer import clients
-from asyncinfer.settings import Settings
+from asyncinfer.aws import clients
+from asyncinfer.core.settings import Settings
 from asyncinfer.store import QUEUED_INDEX, RUNNING_INDEX, TENANT_INDEX
 from asyncinfer.webhooks.queues import create_webhook_queues
 from asyncinfer.webhooks.secrets import create_secrets_key

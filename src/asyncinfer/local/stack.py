@@ -31,8 +31,11 @@ from typing import Any
 
 import httpx
 
-from asyncinfer import clients, logs
-from asyncinfer.errors import CatalogueError
+from asyncinfer.aws import clients
+from asyncinfer.core import logs
+from asyncinfer.core.errors import CatalogueError
+from asyncinfer.core.settings import Settings
+from asyncinfer.functions.sweeper import expire_due, take_back_lapsed
 from asyncinfer.local import shutdown
 from asyncinfer.local.autoscaler import LocalAutoscaler, sqs_queue_counts
 from asyncinfer.local.emulator import start_emulator
@@ -45,8 +48,6 @@ from asyncinfer.local.stale import StateDirInUse, check_state_dir, process_recor
 from asyncinfer.local.warm import WarmStarter, WorkerProcess, forkserver_available
 from asyncinfer.models.registry import MODELS, use_catalogue
 from asyncinfer.scaling.policy import ScalingConfig
-from asyncinfer.settings import Settings
-from asyncinfer.sweeper import expire_due, take_back_lapsed
 
 log = logging.getLogger("asyncinfer.local")
 
@@ -60,8 +61,8 @@ def emit_line(line: str) -> None:
     sys.stdout.flush()
 
 
-DLQ_HANDLER = "asyncinfer.dlq:lambda_handler"
-WEBHOOK_HANDLER = "asyncinfer.webhooks.dispatcher:lambda_handler"
+DLQ_HANDLER = "asyncinfer.functions.dlq:handler"
+WEBHOOK_HANDLER = "asyncinfer.functions.webhook_dispatcher:handler"
 #: Seconds a worker gets between SIGTERM and SIGKILL when the stack stops.
 WORKER_STOP_SECONDS = 9.0
 

@@ -2,7 +2,7 @@
 
 A handler is built once per worker process, loads its weights once (:meth:`ModelHandler.load`), then
 runs lists of work items (:meth:`ModelHandler.predict`) and returns, per item, an output dict or a
-:class:`~asyncinfer.errors.JobError`. A handler never touches AWS: the worker owns the job
+:class:`~asyncinfer.core.errors.JobError`. A handler never touches AWS: the worker owns the job
 lifecycle, queues and storage.
 
 The worker drives a handler through :meth:`ModelHandler.serve` and a :class:`WorkSource`. The
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel
 
-from asyncinfer.errors import (
+from asyncinfer.core.errors import (
     JobCancelled,
     JobError,
     JobTimeout,

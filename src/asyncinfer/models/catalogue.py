@@ -2,7 +2,7 @@
 
 The file is data owned by whoever deploys the service; the API, the workers, the local stack and
 the CDK app all read it. :func:`load_catalogue` validates the whole file and raises one
-:class:`~asyncinfer.errors.CatalogueError` listing every problem, each as
+:class:`~asyncinfer.core.errors.CatalogueError` listing every problem, each as
 ``models[i].field: what is wrong`` (with the entry's id where it is known).
 
 No torch, transformers or model code is imported here: the API Lambda loads this module.
@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from asyncinfer.errors import CatalogueError
+from asyncinfer.core.errors import CatalogueError
 
 Kind = Literal["causal-lm", "embeddings", "python", "openai-server", "echo"]
 KINDS: tuple[str, ...] = ("causal-lm", "embeddings", "python", "openai-server", "echo")

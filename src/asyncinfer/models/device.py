@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from asyncinfer.errors import ConfigError
+from asyncinfer.core.errors import ConfigError
 
 #: dtype names of the catalogue -> torch attribute names.
 DTYPES = ("float32", "bfloat16", "float16")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from asyncinfer.errors import InvalidInput, JobError, TransientError, WorkerStopping
+from asyncinfer.core.errors import InvalidInput, JobError, TransientError, WorkerStopping
 from asyncinfer.models.base import ModelHandler, Result, WorkItem
 from asyncinfer.models.schemas import EchoInput
 
@@ -26,7 +26,7 @@ class EchoHandler(ModelHandler):
     @property
     def batching(self) -> bool:
         """From the setting ``echo_batching`` (``ASYNCINFER_ECHO_BATCHING``, default on)."""
-        from asyncinfer.settings import get_settings
+        from asyncinfer.core.settings import get_settings
 
         return get_settings().echo_batching
 

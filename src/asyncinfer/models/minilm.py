@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncinfer.errors import JobError, WorkerStopping
+from asyncinfer.core.errors import JobError, WorkerStopping
 from asyncinfer.models import device
 from asyncinfer.models.base import ModelHandler, Result, WorkItem
 from asyncinfer.models.checkpoint import package_dir

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field, ValidationError, create_model
 
-from asyncinfer.errors import InvalidRequest
+from asyncinfer.core.errors import InvalidRequest
 from asyncinfer.models.catalogue import Catalogue, ModelEntry, default_models_file, load_catalogue
 from asyncinfer.models.json_input import json_schema_details, json_schema_model
 from asyncinfer.models.schemas import EchoInput, EmbeddingInput, GenerationInput
@@ -197,7 +197,7 @@ class Registry(Mapping[str, ModelSpec]):
         if self._catalogue is None:
             with self._lock:
                 if self._catalogue is None:
-                    from asyncinfer.settings import get_settings
+                    from asyncinfer.core.settings import get_settings
 
                     path = get_settings().models_file or default_models_file()
                     self._set(load_catalogue(path))

@@ -15,7 +15,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from asyncinfer.errors import (
+from asyncinfer.core.errors import (
     InvalidInput,
     JobCancelled,
     JobError,
@@ -134,7 +134,7 @@ class SmolLM2Handler(ModelHandler):
             if auto:
                 return auto
         try:
-            from asyncinfer.settings import get_settings
+            from asyncinfer.core.settings import get_settings
 
             return get_settings().token_budget or DEFAULT_TOKEN_BUDGET
         except Exception:

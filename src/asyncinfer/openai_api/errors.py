@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncinfer.errors import ApiError
+from asyncinfer.core.errors import ApiError
 
 #: OpenAI's ``error.type`` per HTTP status (its API reference, "Error codes").
 _TYPES: dict[int, str] = {
@@ -40,7 +40,7 @@ def openai_error_body(
 
 
 def from_api_error(err: ApiError) -> tuple[int, dict[str, Any]]:
-    """``(status, body)`` of an :class:`~asyncinfer.errors.ApiError` on this surface: the same
+    """``(status, body)`` of an :class:`~asyncinfer.core.errors.ApiError` on this surface: the same
     status as api.md, the spec's error ``code`` as OpenAI's ``code``, and the first detail's field
     (dotted) as ``param``."""
     param = None

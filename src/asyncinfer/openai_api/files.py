@@ -15,8 +15,8 @@ from __future__ import annotations
 import time
 from typing import Any, TypedDict
 
-from asyncinfer.errors import NotFound
-from asyncinfer.ids import new_job_id
+from asyncinfer.core.errors import NotFound
+from asyncinfer.core.ids import new_job_id
 
 PREFIX = "openai/files"
 
@@ -68,7 +68,7 @@ class FileStore:
         return _object(file_id, len(data), created, filename, purpose)
 
     def get(self, tenant: str, file_id: str) -> FileObject:
-        """The File object of ``file_id``. Raises :class:`~asyncinfer.errors.NotFound` where
+        """The File object of ``file_id``. Raises :class:`~asyncinfer.core.errors.NotFound` where
         ``tenant`` has no such file."""
         try:
             head = self.s3.head_object(Bucket=self.bucket, Key=file_key(tenant, file_id))
@@ -84,8 +84,8 @@ class FileStore:
         )
 
     def read(self, tenant: str, file_id: str, *, max_bytes: int | None = None) -> bytes:
-        """The bytes of ``file_id``. Raises :class:`~asyncinfer.errors.NotFound` where ``tenant``
-        has no such file; :class:`ValueError` where it is larger than ``max_bytes``."""
+        """The bytes of ``file_id``. Raises :class:`~asyncinfer.core.errors.NotFound` where
+        ``tenant`` has no such file; :class:`ValueError` where it is larger than ``max_bytes``."""
         try:
             obj = self.s3.get_object(Bucket=self.bucket, Key=file_key(tenant, file_id))
         except self.s3.exceptions.ClientError as err:

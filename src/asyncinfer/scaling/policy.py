@@ -1,7 +1,8 @@
 """The one scaling policy of asyncinfer: how many workers a model should run.
 
 The local autoscaler (:mod:`asyncinfer.local.autoscaler`), the backlog metric published for AWS
-(:mod:`asyncinfer.backlog`), the wake-on-submit helper (:mod:`asyncinfer.scaling.wake`) and the
+(:mod:`asyncinfer.scaling.backlog`), the wake-on-submit helper (:mod:`asyncinfer.scaling.wake`) and
+the
 simulator (``bench/scaling_sim.py``) all use the definitions here.
 
 Definitions (one model, one instant):
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 #: CloudWatch namespace, dimension and metric names of the backlog metrics (published by
-#: :mod:`asyncinfer.backlog`; alarms and target tracking in the CDK app read these).
+#: :mod:`asyncinfer.scaling.backlog`; alarms and target tracking in the CDK app read these).
 METRIC_NAMESPACE = "asyncinfer"
 METRIC_DIMENSION = "Model"
 METRIC_BACKLOG = "Backlog"

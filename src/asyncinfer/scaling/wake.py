@@ -31,8 +31,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncinfer import clients
-from asyncinfer.settings import Settings
+from asyncinfer.aws import clients
+from asyncinfer.core.settings import Settings
 
 log = logging.getLogger("asyncinfer.scaling")
 

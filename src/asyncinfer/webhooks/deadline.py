@@ -11,7 +11,7 @@ seconds) and nothing more:
   or write by one timeout); writes are sent a piece at a time, each ``send`` with the time left;
 * :class:`DeadlineTransport`, an ``httpx`` transport over an ``httpcore`` connection pool using
   that backend (no keep-alive, no retries, HTTP/1.1);
-* name resolution within the deadline: :func:`asyncinfer.webhook_urls.resolve_within`.
+* name resolution within the deadline: :func:`asyncinfer.webhooks.urls.resolve_within`.
 
 Errors are httpx's: :class:`httpx.TimeoutException` once the deadline has passed.
 """

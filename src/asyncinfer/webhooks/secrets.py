@@ -33,10 +33,10 @@ from typing import Any
 from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
-from asyncinfer import clients
-from asyncinfer.errors import ConfigError
-from asyncinfer.settings import Settings
-from asyncinfer.timeutil import iso, now, parse
+from asyncinfer.aws import clients
+from asyncinfer.core.errors import ConfigError
+from asyncinfer.core.settings import Settings
+from asyncinfer.core.timeutil import iso, now, parse
 
 SECRET_PREFIX = "whsec_"
 #: Random bytes in a new secret (Standard Webhooks: 24..64).

@@ -3,11 +3,11 @@
 The rules of the spec ("Events") hold at send time, against the address actually connected to:
 
 1. the URL is parsed and checked again by the parser the submit-time check uses
-   (:func:`asyncinfer.webhook_urls.parse_url`); the request is built from its parts, never from
+   (:func:`asyncinfer.webhooks.urls.parse_url`); the request is built from its parts, never from
    the text, so the two cannot read a URL differently;
 2. the host is resolved **once** (numeric forms such as ``2130706433`` are read as the addresses
    they denote); if any address it resolves to is forbidden
-   (:func:`asyncinfer.webhook_urls.check_address`), nothing is sent;
+   (:func:`asyncinfer.webhooks.urls.check_address`), nothing is sent;
 3. the request goes to that address (the URL's host replaced by the IP), with the original
    ``Host`` header and, for https, the original TLS server name (SNI), against which the
    certificate is verified; so a second resolution (DNS rebinding) cannot redirect it;
@@ -34,7 +34,8 @@ from typing import Any, Literal
 
 import httpx
 
-from asyncinfer.webhook_urls import (
+from asyncinfer.webhooks.deadline import DeadlineTransport
+from asyncinfer.webhooks.urls import (
     ForbiddenAddress,
     IPAddress,
     WebhookUrl,
@@ -43,7 +44,6 @@ from asyncinfer.webhook_urls import (
     parse_url,
     resolve_within,
 )
-from asyncinfer.webhooks.deadline import DeadlineTransport
 
 log = logging.getLogger("asyncinfer.webhooks")
 

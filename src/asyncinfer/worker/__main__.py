@@ -7,10 +7,10 @@ import argparse
 import os
 import sys
 
-from asyncinfer import logs
-from asyncinfer.errors import CatalogueError, ConfigError
+from asyncinfer.core import logs
+from asyncinfer.core.errors import CatalogueError, ConfigError
+from asyncinfer.core.settings import get_settings
 from asyncinfer.models.registry import MODELS
-from asyncinfer.settings import get_settings
 from asyncinfer.worker.runner import Worker
 
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from asyncinfer import lifecycle
-from asyncinfer.errors import TransitionRefused
+from asyncinfer.core import lifecycle
+from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.events import EventPublisher
 from asyncinfer.store import JobStore, Transition
 from asyncinfer.worker.held import HeldMessages

@@ -1,5 +1,5 @@
 """Job metrics of the worker as CloudWatch embedded metric format (EMF) lines, through the one
-definition of the job metrics (:mod:`asyncinfer.job_metrics`): ``JobsSucceeded``,
+definition of the job metrics (:mod:`asyncinfer.core.job_metrics`): ``JobsSucceeded``,
 ``JobsFailed`` (count), ``QueueSeconds``, ``RunSeconds``, ``ComputeSeconds`` (seconds) and
 ``CostUSD`` (dollars, for entries with a ``price_per_hour``), namespace ``asyncinfer``, dimension
 ``Model`` only, the names the CDK dashboard and alarms read. CloudWatch Logs extracts EMF from
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from asyncinfer import job_metrics as jm
+from asyncinfer.core import job_metrics as jm
 from asyncinfer.jobview import render_job
 
 #: job view ``metrics`` key -> job metric name.
@@ -41,7 +41,7 @@ def emit_job_metrics(
     record: dict[str, Any], *, write: Callable[[str], object] | None = None
 ) -> None:
     """Emit the metrics of one terminal job record (:func:`job_points`), one EMF line each
-    (:func:`asyncinfer.job_metrics.emit`; ``write`` defaults to stdout)."""
+    (:func:`asyncinfer.core.job_metrics.emit`; ``write`` defaults to stdout)."""
     model = record["model"]
     for name, value in job_points(record):
         jm.emit(name, value, jm.UNITS[name], model, write=write)

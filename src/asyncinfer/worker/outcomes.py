@@ -12,10 +12,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from asyncinfer import lifecycle
-from asyncinfer.errors import JobCancelled, JobError, WorkerStopping
-from asyncinfer.payloads import dumps
-from asyncinfer.settings import INLINE_OUTPUT_LIMIT_BYTES
+from asyncinfer.aws.payloads import dumps
+from asyncinfer.core import lifecycle
+from asyncinfer.core.errors import JobCancelled, JobError, WorkerStopping
+from asyncinfer.core.settings import INLINE_OUTPUT_LIMIT_BYTES
 from asyncinfer.store import Transition
 
 #: Longest a retryable failure waits before its message is visible again, seconds.

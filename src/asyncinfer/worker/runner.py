@@ -19,7 +19,7 @@ Per job:
    retryable error), publish the event;
 6. delete the finished messages (DeleteMessageBatch, up to 10 a call). A retryable failure
    instead leaves its message to reappear after a backoff; after maxReceiveCount receives SQS
-   moves it to the dead-letter queue, where :mod:`asyncinfer.dlq` fails the job with
+   moves it to the dead-letter queue, where :mod:`asyncinfer.functions.dlq` fails the job with
    ``max_attempts``.
 
 AWS requests. Each :meth:`Worker.take` writes, in one TransactWriteItems call, the terminal
@@ -78,14 +78,14 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from asyncinfer import clients
+from asyncinfer.aws import clients
+from asyncinfer.aws.payloads import PayloadStore
+from asyncinfer.core.settings import Settings
+from asyncinfer.core.timeutil import iso, now
 from asyncinfer.events import EventPublisher
 from asyncinfer.models.base import ModelHandler, Result, WorkItem
 from asyncinfer.models.registry import MODELS, ModelSpec
-from asyncinfer.payloads import PayloadStore
-from asyncinfer.settings import Settings
 from asyncinfer.store import JobStore
-from asyncinfer.timeutil import iso, now
 from asyncinfer.worker import outcomes
 from asyncinfer.worker.held import HeldMessages
 from asyncinfer.worker.inflight import Held

@@ -22,15 +22,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from asyncinfer import lifecycle
-from asyncinfer.errors import InvalidInput, JobError, TransitionRefused
+from asyncinfer.aws.payloads import PayloadStore
+from asyncinfer.core import lifecycle
+from asyncinfer.core.errors import InvalidInput, JobError, TransitionRefused
+from asyncinfer.core.timeutil import iso, now, parse
 from asyncinfer.events import EventPublisher
 from asyncinfer.messages import JobMessage
 from asyncinfer.models.base import WorkItem
 from asyncinfer.models.registry import ModelSpec
-from asyncinfer.payloads import PayloadStore
 from asyncinfer.store import JobStore, Transition
-from asyncinfer.timeutil import iso, now, parse
 from asyncinfer.worker.held import HeldMessages
 from asyncinfer.worker.inflight import Held
 from asyncinfer.worker.journal import Journal

@@ -22,8 +22,8 @@ import threading
 import time
 from typing import Any
 
-from asyncinfer import lifecycle
-from asyncinfer.payloads import dumps
+from asyncinfer.aws.payloads import dumps
+from asyncinfer.core import lifecycle
 from asyncinfer.store import JobStore
 from asyncinfer.worker.held import HeldMessages
 from asyncinfer.worker.inflight import Held

@@ -1,7 +1,7 @@
 """The webhook dispatcher: delivers job events to the jobs' webhooks.
 
 It is fed by the webhook queue, an SQS queue subscribed to the events topic with raw message
-delivery (in AWS: this module's :func:`lambda_handler` behind an SQS event source with
+delivery (in AWS: this module's :func:`handler` behind an SQS event source with
 ``ReportBatchItemFailures``; on the local stack the same handler, fed by
 :mod:`asyncinfer.local.event_source`). For each event:
 
@@ -43,18 +43,18 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
 
-from asyncinfer import clients
-from asyncinfer.api.schemas import TERMINAL_EVENTS
-from asyncinfer.observability import instrument, powertools
-from asyncinfer.settings import Settings, get_settings
+from asyncinfer.aws import clients
+from asyncinfer.core.observability import instrument, powertools
+from asyncinfer.core.settings import Settings, get_settings
+from asyncinfer.core.timeutil import iso, now, parse
+from asyncinfer.functions.api.schemas import TERMINAL_EVENTS
 from asyncinfer.store import JobStore
-from asyncinfer.timeutil import iso, now, parse
-from asyncinfer.webhook_urls import ForbiddenAddress, parse_url
 from asyncinfer.webhooks.batch import deliver_batch
 from asyncinfer.webhooks.secrets import SecretStore
 from asyncinfer.webhooks.sender import DeliveryResult, WebhookSender
 from asyncinfer.webhooks.signing import event_id, sign_headers
 from asyncinfer.webhooks.slow_hosts import SlowHosts
+from asyncinfer.webhooks.urls import ForbiddenAddress, parse_url
 
 log = logging.getLogger("asyncinfer.webhooks")
 
@@ -369,7 +369,7 @@ logger, tracer, metrics = powertools("asyncinfer-webhooks")
 
 
 @instrument(logger, tracer, metrics)
-def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The webhook dispatcher Lambda (SQS event source on the webhook queue, with
     ``ReportBatchItemFailures``)."""
     return _handle(event, context)

@@ -18,7 +18,7 @@ from aws_lambda_powertools.event_handler import APIGatewayRestResolver
 from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 
-from asyncinfer.api.schemas import ErrorBody
+from asyncinfer.functions.api.schemas import ErrorBody
 
 #: Name of the security scheme (API Gateway API keys, header ``x-api-key``).
 SCHEME = "apiKey"

@@ -6,7 +6,8 @@ Routes (spec, "Endpoints"): ``POST /v1/jobs``, ``GET /v1/jobs/{id}`` (``?wait=N`
 ``POST /v1/webhooks/secret/rotate``.
 
 The tenant is ``requestContext.identity.apiKeyId`` of the proxy event (API Gateway API keys).
-Errors map to responses by type: :class:`~asyncinfer.errors.ApiError` subclasses carry their code
+Errors map to responses by type: :class:`~asyncinfer.core.errors.ApiError` subclasses carry their
+code
 and status; Powertools' ``RequestValidationError`` becomes 400 ``invalid_json`` or 422
 ``invalid_request`` naming the fields.
 """
@@ -25,10 +26,21 @@ from aws_lambda_powertools.event_handler.openapi.models import Server
 from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Path, Query
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from asyncinfer import __version__, clients
-from asyncinfer.api import doc
-from asyncinfer.api.body import body_error, normalise
-from asyncinfer.api.schemas import (
+from asyncinfer import __version__
+from asyncinfer.aws import clients
+from asyncinfer.core.errors import (
+    ApiError,
+    InvalidJson,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+)
+from asyncinfer.core.observability import instrument, powertools, single
+from asyncinfer.core.settings import get_settings
+from asyncinfer.cursors import CURSOR_PATTERN
+from asyncinfer.functions.api import doc
+from asyncinfer.functions.api.body import body_error, normalise
+from asyncinfer.functions.api.schemas import (
     IDEMPOTENCY_KEY_MAX,
     JOB_ID_PATTERN,
     HealthView,
@@ -39,18 +51,8 @@ from asyncinfer.api.schemas import (
     ModelList,
     UploadView,
 )
-from asyncinfer.cursors import CURSOR_PATTERN
-from asyncinfer.errors import (
-    ApiError,
-    InvalidJson,
-    InvalidRequest,
-    MethodNotAllowed,
-    NotFound,
-)
 from asyncinfer.inputs import UPLOAD_URL_SECONDS, new_upload
 from asyncinfer.jobs import JobService
-from asyncinfer.observability import instrument, powertools, single
-from asyncinfer.settings import get_settings
 from asyncinfer.webhooks.secrets import SecretStore, WebhookSecretView
 
 logger, tracer, metrics = powertools("asyncinfer-api")

@@ -8,7 +8,7 @@ Environment variables (all optional unless a component needs the resource):
 ``ASYNCINFER_TOPIC_ARN``            SNS topic of job events
 ``ASYNCINFER_QUEUE_URLS``           JSON ``{model: url, "<model>#high": url, "<model>#low": url}``
                                     (the local stack); in AWS the naming rule below instead
-``ASYNCINFER_RESOURCE_PREFIX``      the deployment's resource prefix (:mod:`asyncinfer.naming`):
+``ASYNCINFER_RESOURCE_PREFIX``      the deployment's resource prefix (naming rule, core.naming):
                                     queue URLs, ECS service and SageMaker endpoint names of
                                     every model are derived from it, so the environment's size
                                     does not grow with the catalogue
@@ -81,8 +81,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from asyncinfer import naming
-from asyncinfer.errors import ConfigError
+from asyncinfer.core import naming
+from asyncinfer.core.errors import ConfigError
 
 #: The inline limit of outputs in the job object, bytes of JSON (spec: "at most 64 KB").
 INLINE_OUTPUT_LIMIT_BYTES = 64 * 1024
@@ -272,7 +272,7 @@ class Settings(BaseModel):
 
 def _derive_names(values: dict[str, Any], prefix: str, problems: list[str]) -> None:
     """Fill the queue URLs, ECS service and SageMaker endpoint names that the environment does
-    not give explicitly from the naming rule (:mod:`asyncinfer.naming`)."""
+    not give explicitly from the naming rule (:mod:`asyncinfer.core.naming`)."""
     models: list[str] = list(values.get("models") or [])
     if not models:
         problems.append("ASYNCINFER_RESOURCE_PREFIX needs ASYNCINFER_MODELS")

@@ -1,5 +1,5 @@
 """The naming rule of a deployment's per-model resources, shared by the CDK app (which names the
-resources) and :mod:`asyncinfer.settings` (which derives their URLs and names at run time).
+resources) and :mod:`asyncinfer.core.settings` (which derives their URLs and names at run time).
 
 A deployment has one *resource prefix* (default ``<stack name>-``, e.g. ``asyncinfer-ecs-``).
 For a model id ``m`` and that prefix ``p``:
@@ -46,7 +46,7 @@ def dlq_name(prefix: str, model: str) -> str:
 
 
 def queue_key(model: str, priority: str = "normal") -> str:
-    """The key of a queue in :attr:`asyncinfer.settings.Settings.queue_urls`: the model id for
+    """The key of a queue in :attr:`asyncinfer.core.settings.Settings.queue_urls`: the model id for
     ``normal``, ``<model>#high`` / ``<model>#low`` for the other classes."""
     return model if priority == "normal" else f"{model}#{priority}"
 

@@ -15,7 +15,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from asyncinfer.settings import Settings, get_settings
+from asyncinfer.core.settings import Settings, get_settings
 
 _lock = threading.Lock()
 _cache: dict[tuple[str, str | None, str], Any] = {}

@@ -88,3 +88,11 @@ def _put(url: str, body: bytes) -> None:
     req = urllib.request.Request(url, data=body, method="PUT", headers={"content-type": ""})
     with urllib.request.urlopen(req, timeout=30) as resp:  # https only, checked above
         resp.read()
+
+
+def handler(event: dict[str, Any], context: Any) -> str:
+    """``Custom::EcsCapacityRelease`` entry point: answer CloudFormation; on Delete, release the
+    group first (:func:`handle`)."""
+    import boto3
+
+    return handle(event, context, autoscaling=boto3.client("autoscaling"))

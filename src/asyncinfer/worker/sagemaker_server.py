@@ -6,7 +6,7 @@ One endpoint serves one model: ``ASYNCINFER_MODELS`` holds its id (the CDK app s
 request body is the job's input JSON (the object the bridge stored in S3); the response is the
 job's output JSON. Errors answer ``{"error": {"code", "message"}}`` with 400 for a permanent
 input problem (``invalid_input``) and 500 otherwise; SageMaker stores that body at the
-endpoint's S3FailurePath, where :mod:`asyncinfer.sagemaker.completion` reads the code.
+endpoint's S3FailurePath, where :mod:`asyncinfer.functions.sagemaker_completion` reads the code.
 
 The ``X-Amzn-SageMaker-Custom-Attributes`` header (``job_id=...;model=...;attempt=...``, set by
 the bridge) names the job for logs and for the handler's work item.
@@ -21,10 +21,10 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from asyncinfer.errors import ApiError, JobError, WorkerStopping
+from asyncinfer.aws.payloads import loads_bounded
+from asyncinfer.core.errors import ApiError, JobError, WorkerStopping
 from asyncinfer.models.base import ModelHandler, WorkItem
 from asyncinfer.models.registry import MODELS, get_spec, validate_input
-from asyncinfer.payloads import loads_bounded
 
 log = logging.getLogger(__name__)
 PORT = 8080
@@ -75,7 +75,7 @@ class InvocationsApp:
     def load(self) -> None:
         """Build the handler and load its weights (once)."""
         if self.handler is None:
-            from asyncinfer.settings import get_settings
+            from asyncinfer.core.settings import get_settings
 
             self.handler = self.spec.load_handler(cache_dir=get_settings().model_cache_dir)
         self.handler.load()

@@ -20,16 +20,16 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import ValidationError
 
-from asyncinfer import lifecycle
-from asyncinfer.errors import TransitionRefused
+from asyncinfer.core import lifecycle
+from asyncinfer.core.errors import TransitionRefused
+from asyncinfer.core.observability import instrument, powertools
+from asyncinfer.core.settings import Settings, get_settings
+from asyncinfer.core.timeutil import iso, now
 from asyncinfer.events import EventPublisher
 from asyncinfer.messages import JobMessage
-from asyncinfer.observability import instrument, powertools
-from asyncinfer.settings import Settings, get_settings
 from asyncinfer.store import JobStore
-from asyncinfer.timeutil import iso, now
 
-log = logging.getLogger("asyncinfer.dlq")
+log = logging.getLogger("asyncinfer.functions.dlq")
 
 
 class DeadLetterHandler:
@@ -94,7 +94,7 @@ logger, tracer, metrics = powertools("asyncinfer-dlq")
 
 
 @instrument(logger, tracer, metrics)
-def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The DLQ Lambda: fail every dead-lettered job of the SQS batch; the response lists the
     records that raised (``batchItemFailures``) so that only those are retried."""
     return dict(

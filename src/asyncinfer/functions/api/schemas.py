@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from asyncinfer.ids import JOB_ID_RE
+from asyncinfer.core.ids import JOB_ID_RE
 
 EventType = Literal[
     "job.queued", "job.started", "job.succeeded", "job.failed", "job.cancelled", "job.expired"
@@ -56,7 +56,7 @@ def _deployment() -> tuple[list[str], bool] | None:
     """``(deployed model ids, local mode)`` of this process's settings, for the parts of the
     document that depend on the deployment; ``None`` where no settings can be read (a schema
     generated outside a configured service)."""
-    from asyncinfer.settings import get_settings  # late: settings import nothing of the API
+    from asyncinfer.core.settings import get_settings  # late: settings import nothing of the API
 
     try:
         s = get_settings()
@@ -73,7 +73,7 @@ def _webhook_schema(schema: dict[str, Any]) -> None:
 
 class WebhookRequest(BaseModel):
     """``webhook``: where to POST signed job events. The URL rules (https, no private addresses)
-    are checked by :mod:`asyncinfer.webhook_urls` when the job is submitted."""
+    are checked by :mod:`asyncinfer.webhooks.urls` when the job is submitted."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=_webhook_schema)
 

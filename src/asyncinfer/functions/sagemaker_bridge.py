@@ -5,7 +5,7 @@ Per message (:class:`~asyncinfer.messages.JobMessage`):
 1. a job past ``expires_at`` before its first attempt becomes ``expired`` (event published),
    message acknowledged; a job that started before is not expired but submitted again;
 2. the input must be in S3 for SageMaker: ``input_ref`` as is, or the inline ``input`` written
-   with :class:`~asyncinfer.payloads.PayloadStore` (``inputs/<tenant>/<job_id>.json``);
+   with :class:`~asyncinfer.aws.payloads.PayloadStore` (``inputs/<tenant>/<job_id>.json``);
 3. ``queued -> running`` (attempts + 1, ``started_at``, ``input_ref``, and a lease of
    ``Settings.lease_interval``) through :meth:`JobStore.transition`. A refused transition
    (cancelled, finished, already submitted) acknowledges the message, except for a job found
@@ -25,7 +25,8 @@ Per message (:class:`~asyncinfer.messages.JobMessage`):
    message is reported as a batch item failure, so SQS redelivers it (and, after
    maxReceiveCount, moves it to the DLQ, whose handler fails the job).
 
-From then on SageMaker holds the request; :mod:`asyncinfer.sagemaker.completion` finishes the job.
+From then on SageMaker holds the request; :mod:`asyncinfer.functions.sagemaker_completion` finishes
+the job.
 """
 
 from __future__ import annotations
@@ -35,16 +36,19 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import ValidationError
 
-from asyncinfer import clients, lifecycle
-from asyncinfer.errors import TransitionRefused
+from asyncinfer.aws import clients
+from asyncinfer.aws.payloads import PayloadStore, dumps
+from asyncinfer.core import lifecycle
+from asyncinfer.core.errors import TransitionRefused
+from asyncinfer.core.observability import instrument, powertools
+from asyncinfer.core.settings import Settings
+from asyncinfer.core.timeutil import iso, now, parse
 from asyncinfer.leases import take_back
 from asyncinfer.messages import JobMessage
-from asyncinfer.payloads import PayloadStore, dumps
-from asyncinfer.settings import Settings
 from asyncinfer.store import LEASE_FIELD, JobStore
-from asyncinfer.timeutil import iso, now, parse
 
 #: SageMaker InvokeEndpointAsync limits, seconds.
 REQUEST_TTL_MIN, REQUEST_TTL_MAX = 60, 21_600
@@ -119,7 +123,7 @@ class Bridge:
     def from_env(cls, **kwargs: Any) -> Bridge:
         """Build from the environment (:meth:`Settings.from_env`; the endpoint names are
         ``Settings.sagemaker_endpoints``: ``ASYNCINFER_SAGEMAKER_ENDPOINTS`` where given, else the
-        naming rule of :mod:`asyncinfer.naming`, as the CDK app names them)."""
+        naming rule of :mod:`asyncinfer.core.naming`, as the CDK app names them)."""
         settings = Settings.from_env()
         return cls(settings=settings, endpoints=dict(settings.sagemaker_endpoints), **kwargs)
 
@@ -245,3 +249,17 @@ class Bridge:
         if record is not None:
             self.publish(record)
         return record is not None
+
+
+logger, tracer, metrics = powertools("sagemaker-bridge")
+_bridge: Bridge | None = None
+
+
+@instrument(logger, tracer, metrics)
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """SQS (a model's job queue) -> InvokeEndpointAsync, with partial batch failures. Returns
+    ``{"batchItemFailures": [{"itemIdentifier": message_id}, ...]}``."""
+    global _bridge
+    if _bridge is None:
+        _bridge = Bridge.from_env(logger=logger, metrics=metrics)
+    return _bridge.handle_sqs_event(event)

@@ -14,9 +14,9 @@ from urllib.parse import urlparse
 
 from botocore.exceptions import ClientError
 
-from asyncinfer import clients
-from asyncinfer.errors import InvalidInput, TransientError
-from asyncinfer.settings import Settings
+from asyncinfer.aws import clients
+from asyncinfer.core.errors import InvalidInput, TransientError
+from asyncinfer.core.settings import Settings
 
 #: Lifetime of presigned GET URLs for outputs, seconds (spec: "valid 1 h").
 OUTPUT_URL_SECONDS = 3600

@@ -7,7 +7,8 @@ A notification is a JSON document (SageMaker developer guide, "Check prediction 
 ``responseParameters`` in others; both are read.
 
 A notification belongs to one attempt: its ``inferenceId`` names the job and the attempt
-(:func:`~asyncinfer.sagemaker.bridge.inference_id`). It finishes the job only while the job is
+(:func:`~asyncinfer.functions.sagemaker_bridge.inference_id`). It finishes the job only while the
+job is
 ``running`` at that attempt, so a late result of attempt 1 (taken back by the sweeper after its
 lease lapsed, and submitted again) never finishes attempt 2. A bare job id (a request made before
 inference ids named the attempt) can only belong to attempt 1, and is applied only then.
@@ -24,13 +25,16 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from asyncinfer import job_metrics, lifecycle
-from asyncinfer.errors import TransitionRefused
-from asyncinfer.payloads import PayloadStore, dumps
-from asyncinfer.sagemaker.bridge import parse_inference_id
-from asyncinfer.settings import INLINE_OUTPUT_LIMIT_BYTES, Settings
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from asyncinfer.aws.payloads import PayloadStore, dumps
+from asyncinfer.core import job_metrics, lifecycle
+from asyncinfer.core.errors import TransitionRefused
+from asyncinfer.core.observability import instrument, powertools
+from asyncinfer.core.settings import INLINE_OUTPUT_LIMIT_BYTES, Settings
+from asyncinfer.core.timeutil import iso, now, parse
+from asyncinfer.functions.sagemaker_bridge import parse_inference_id
 from asyncinfer.store import JobStore
-from asyncinfer.timeutil import iso, now, parse
 
 Publish = Callable[[dict[str, Any]], Any]
 #: Called as ``emit(metric_name, value, unit, model)``.
@@ -191,3 +195,24 @@ class Completion:
                 rs = job_metrics.RUN_SECONDS
                 self.emit(rs, run, job_metrics.UNITS[rs], model)
         return job_id, to
+
+
+logger, tracer, metrics = powertools("sagemaker-completion")
+_completion: Completion | None = None
+
+
+def emit(name: str, value: float, unit: str, model: str) -> None:
+    """One job metric with the ``Model`` dimension only (:mod:`asyncinfer.core.job_metrics`): the
+    metric the failure-rate alarm and the dashboard read. Powertools' ``single_metric`` would add
+    its ``service`` dimension here, making a metric those never see."""
+    job_metrics.emit(name, value, unit, model)
+
+
+@instrument(logger, tracer, metrics)
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """SNS (SageMaker async success and error topics) -> job record transition and job event.
+    An exception makes Lambda retry the whole (one-record) event."""
+    global _completion
+    if _completion is None:
+        _completion = Completion.from_env(logger=logger, emit=emit)
+    return _completion.handle_sns_event(event)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from asyncinfer.errors import InvalidRequest
+from asyncinfer.core.errors import InvalidRequest
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 

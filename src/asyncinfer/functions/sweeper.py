@@ -29,14 +29,16 @@ from typing import Any
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from asyncinfer import clients, leases, lifecycle
+from asyncinfer import leases
+from asyncinfer.aws import clients
+from asyncinfer.core import lifecycle
+from asyncinfer.core.observability import instrument, powertools
+from asyncinfer.core.settings import Settings, get_settings
 from asyncinfer.events import EventPublisher
 from asyncinfer.messages import JobMessage
-from asyncinfer.observability import instrument, powertools
-from asyncinfer.settings import Settings, get_settings
 from asyncinfer.store import JobStore
 
-log = logging.getLogger("asyncinfer.sweeper")
+log = logging.getLogger("asyncinfer.functions.sweeper")
 
 
 def expire_due(settings: Settings, *, limit: int = 500) -> list[str]:
@@ -154,7 +156,7 @@ logger, tracer, metrics = powertools("asyncinfer-sweeper")
 
 
 @instrument(logger, tracer, metrics)
-def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The scheduled sweeper Lambda: ``{"expired": <count>, "taken_back": <count>}``; metrics
     ``JobsExpired`` and ``LeasesLapsed``."""
     settings = get_settings()

@@ -1,6 +1,6 @@
 """Checks of a proxy event before routing: the body is strict JSON of at most
 :data:`MAX_BODY_BYTES` (400 ``invalid_json`` / 413 ``payload_too_large``), and the content type is
-taken as JSON. Moved out of :mod:`asyncinfer.api.app` unchanged."""
+taken as JSON. Moved out of :mod:`asyncinfer.functions.api.app` unchanged."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import base64
 import json
 from typing import Any
 
-from asyncinfer.errors import ApiError, InvalidJson, PayloadTooLarge
+from asyncinfer.core.errors import ApiError, InvalidJson, PayloadTooLarge
 
 #: Largest request body the handler takes, bytes. A Lambda proxy request is capped at 6 MB;
 #: larger inputs go through POST /v1/uploads.

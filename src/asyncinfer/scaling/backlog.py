@@ -16,7 +16,7 @@ CloudWatch Embedded Metric Format lines on stdout, so the Lambda needs no PutMet
 * ``BacklogWithoutCapacity`` (Count): 1 when Backlog > 0 and tasks == 0, else 0;
 * ``RunningTasks`` (Count): the service's runningCount.
 
-Environment (read by :mod:`asyncinfer.settings`): the queue URLs (``ASYNCINFER_QUEUE_URLS``, or
+Environment (read by :mod:`asyncinfer.core.settings`): the queue URLs (``ASYNCINFER_QUEUE_URLS``, or
 ``ASYNCINFER_RESOURCE_PREFIX`` with ``ASYNCINFER_QUEUE_URL_BASE`` and ``ASYNCINFER_MODELS``),
 ``ASYNCINFER_ECS_CLUSTER``, the service names (``ASYNCINFER_ECS_SERVICES``, or the naming rule
 with ``ASYNCINFER_COMPUTE=ecs``), ``AWS_REGION``.
@@ -49,10 +49,10 @@ class BacklogConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> BacklogConfig:
-        """Read the configuration through :class:`asyncinfer.settings.Settings` (queue URLs
+        """Read the configuration through :class:`asyncinfer.core.settings.Settings` (queue URLs
         and service names from the explicit maps or the naming rule; see the module
         docstring). Raises :class:`ConfigError` for malformed settings."""
-        from asyncinfer.settings import Settings
+        from asyncinfer.core.settings import Settings
 
         settings = Settings.from_env(os.environ if env is None else env)
         return cls(

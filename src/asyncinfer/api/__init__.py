@@ -1,1 +1,0 @@
-"""The REST API: Powertools' REST event handler over :mod:`asyncinfer.jobs`."""
