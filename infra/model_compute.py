@@ -47,6 +47,7 @@ class ModelCompute:
         min_workers / max_workers: scaling bounds, workers (tasks or endpoint instances).
         backlog_per_worker: target of the backlog-per-worker scaling policy, jobs.
         weight_prefixes: ``(bucket, key prefix)`` of each ``s3://`` source of the entry.
+        warm_pool: stopped instances kept in the capacity's warm pool (ECS only; 0: none).
     """
 
     backend: str
@@ -56,6 +57,7 @@ class ModelCompute:
     max_workers: int
     backlog_per_worker: float
     weight_prefixes: tuple[tuple[str, str], ...] = ()
+    warm_pool: int = 0
 
     @property
     def sagemaker_instance_type(self) -> str:
@@ -116,6 +118,8 @@ def resolve(
                 values["backlog_per_worker"],
             ),
             weight_prefixes=weight_prefixes(entry),
+            # A deploy-time -c compute=sagemaker leaves the entry's ECS warm pool out.
+            warm_pool=c.warm_pool if pick("compute", c.backend, values["compute"]) == "ecs" else 0,
         )
     return out
 

@@ -19,6 +19,11 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from asyncinfer.core import naming
+from infra.components.ecs_instances import (
+    CONTAINER_WEIGHT_CACHE,
+    HOST_WEIGHT_CACHE,
+    instance_user_data,
+)
 from infra.components.function import METRICS_NAMESPACE
 from infra.components.model_scopes import ModelScopes
 from infra.model_compute import ModelCompute
@@ -174,6 +179,8 @@ class EcsWorkers(Construct):
                 gpu=gpu,
                 min_instances=sum(computes[m].min_workers for m in members),
                 max_instances=sum(computes[m].max_workers for m in members),
+                warm_pool=sum(computes[m].warm_pool for m in members),
+                image=image,
             )
             for m in members:
                 self.capacity_providers[m] = cp
@@ -193,7 +200,8 @@ class EcsWorkers(Construct):
             log_group = logs.LogGroup(
                 sc, f"{model}-logs", retention=log_retention, removal_policy=removal_policy
             )
-            task_def.add_container(
+            task_def.add_volume(name="weights", host=ecs.Host(source_path=HOST_WEIGHT_CACHE))
+            worker = task_def.add_container(
                 "worker",
                 image=ecs.ContainerImage.from_docker_image_asset(image),
                 command=["worker", "--model", model],
@@ -205,6 +213,14 @@ class EcsWorkers(Construct):
                 environment={**environment, "AWS_REGION": Aws.REGION, "ASYNCINFER_COMPUTE": "ecs"},
                 logging=ecs.LogDrivers.aws_logs(stream_prefix=model, log_group=log_group),
                 essential=True,
+            )
+            # The instance's weight cache (s3:// sources), shared by the tasks on an instance.
+            worker.add_mount_points(
+                ecs.MountPoint(
+                    container_path=CONTAINER_WEIGHT_CACHE,
+                    source_volume="weights",
+                    read_only=False,
+                )
             )
             # Task scale-in protection from inside the task (ECS agent endpoint
             # $ECS_AGENT_URI/task-protection/v1/state uses the task role; ECS developer guide,
@@ -270,12 +286,23 @@ class EcsWorkers(Construct):
             self.task_roles[model] = task_def.task_role  # type: ignore[assignment]
 
     def _capacity_group(
-        self, index: int, *, instance_type: str, gpu: bool, min_instances: int, max_instances: int
+        self,
+        index: int,
+        *,
+        instance_type: str,
+        gpu: bool,
+        min_instances: int,
+        max_instances: int,
+        warm_pool: int = 0,
+        image: ecr_assets.DockerImageAsset | None = None,
     ) -> ecs.AsgCapacityProvider:
         """One capacity group: a launch template (the GPU or the standard ECS-optimised AL2023
         AMI), an Auto Scaling group of ``min_instances..max_instances`` and a managed capacity
         provider on the cluster, plus its release custom resource. The first group keeps the
-        construct ids of the single group of earlier versions; the others are suffixed."""
+        construct ids of the single group of earlier versions; the others are suffixed.
+
+        With ``warm_pool`` > 0 the group gets an EC2 Auto Scaling warm pool of that many stopped
+        instances (:func:`instance_user_data`)."""
         sfx = "" if index == 0 else str(index + 1)
         hw = ecs.AmiHardwareType.GPU if gpu else ecs.AmiHardwareType.STANDARD
         instance_role, sg = self._instance_role, self._sg
@@ -284,7 +311,9 @@ class EcsWorkers(Construct):
             f"LaunchTemplate{sfx}",
             instance_type=ec2.InstanceType(instance_type),
             machine_image=ecs.EcsOptimizedImage.amazon_linux2023(hw),
-            user_data=ec2.UserData.for_linux(),
+            user_data=instance_user_data(
+                warm_pool=warm_pool > 0, image_uri=image.image_uri if image else None
+            ),
             role=instance_role,
             security_group=sg,
             require_imdsv2=True,
@@ -313,6 +342,18 @@ class EcsWorkers(Construct):
             min_capacity=min_instances,
             max_capacity=max_instances,
         )
+        if warm_pool:
+            # Stopped, not running: idle cost is the EBS volumes. Reuse on scale-in cannot be set
+            # for ECS (ECS developer guide, "Configuring pre-initialized instances for your Amazon
+            # ECS Auto Scaling group"). max_group_prepared_capacity = the pool size keeps exactly
+            # ``warm_pool`` instances prepared whatever the group's desired count (EC2 Auto
+            # Scaling user guide, "Warm pools": pool size = max(min_size, prepared - desired)).
+            asg.add_warm_pool(
+                min_size=warm_pool,
+                max_group_prepared_capacity=warm_pool,
+                pool_state=autoscaling.PoolState.STOPPED,
+                reuse_on_scale_in=False,
+            )
         cp = ecs.AsgCapacityProvider(
             self,
             f"CapacityProvider{sfx}",

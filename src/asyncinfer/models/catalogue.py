@@ -69,7 +69,10 @@ class Compute(_Strict):
     """Where the CDK app runs the entry's workers (the local stack ignores it).
 
     ``gpus: 0`` is a CPU worker; ``price_per_hour`` is USD per worker-hour (per-job cost);
-    ``backlog_per_worker`` is the jobs per worker the scaling policy aims at.
+    ``backlog_per_worker`` is the jobs per worker the scaling policy aims at; ``warm_pool`` is
+    the stopped instances an EC2 Auto Scaling warm pool keeps ready for the entry's ECS capacity
+    (0: none; their EBS volumes are the idle cost), so a scale-out from zero skips the launch
+    and boot of a new instance and the image pull.
     """
 
     backend: Literal["ecs", "sagemaker"] = "ecs"
@@ -79,6 +82,7 @@ class Compute(_Strict):
     max_workers: int = Field(default=2, ge=1, strict=True)
     backlog_per_worker: float = Field(default=20, gt=0)
     price_per_hour: float | None = Field(default=None, ge=0)
+    warm_pool: int = Field(default=0, ge=0, le=100, strict=True)
 
 
 class Engine(_Strict):
@@ -220,6 +224,12 @@ def _entry_problems(index: int, raw: Any) -> list[str]:
         lo, hi = compute.get("min_workers", 0), compute.get("max_workers", 2)
         if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
             problems.append(f"{at}.compute.min_workers: {lo} is more than max_workers {hi}{suffix}")
+        pool = compute.get("warm_pool", 0)
+        if compute.get("backend") == "sagemaker" and isinstance(pool, int) and pool > 0:
+            problems.append(
+                f"{at}.compute.warm_pool: only for backend ecs (a SageMaker endpoint has no warm "
+                f"pool); set 0{suffix}"
+            )
     engine = raw.get("engine")
     if (
         isinstance(engine, dict)
