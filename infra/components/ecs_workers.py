@@ -30,6 +30,13 @@ BACKLOG_WITHOUT_CAPACITY = "BacklogWithoutCapacity"
 #: Soft memory reservation of a CPU worker task, MiB: small enough to place on a 2-vCPU/4 GiB
 #: instance (c7i.large) beside the ECS agent; the task may use more (no hard limit is set).
 CPU_MEMORY_RESERVATION_MIB = 1024
+#: The instance folder that holds downloaded ``s3://`` weights (asyncinfer.models.weights), on
+#: the instance's root volume: mounted into every worker task at the same path, so that later
+#: tasks on the instance (and, with a warm pool, after a restart) reuse them.
+WEIGHTS_CACHE_PATH = "/var/cache/asyncinfer"
+#: The uid of the worker image's user (container/Dockerfile: ``useradd --uid 1000``), owner of
+#: :data:`WEIGHTS_CACHE_PATH` on the instance.
+WORKER_UID = 1000
 
 
 def backlog_metric(name: str, model: str) -> cloudwatch.Metric:
@@ -192,7 +199,8 @@ class EcsWorkers(Construct):
             log_group = logs.LogGroup(
                 sc, f"{model}-logs", retention=log_retention, removal_policy=removal_policy
             )
-            task_def.add_container(
+            task_def.add_volume(name="weights-cache", host=ecs.Host(source_path=WEIGHTS_CACHE_PATH))
+            worker = task_def.add_container(
                 "worker",
                 image=ecs.ContainerImage.from_docker_image_asset(image),
                 command=["worker", "--model", model],
@@ -201,9 +209,21 @@ class EcsWorkers(Construct):
                 ),
                 gpu_count=c.gpus or None,
                 stop_timeout=Duration.seconds(stop_timeout),
-                environment={**environment, "AWS_REGION": Aws.REGION, "ASYNCINFER_COMPUTE": "ecs"},
+                environment={
+                    **environment,
+                    "AWS_REGION": Aws.REGION,
+                    "ASYNCINFER_COMPUTE": "ecs",
+                    "ASYNCINFER_WEIGHTS_CACHE": WEIGHTS_CACHE_PATH,
+                },
                 logging=ecs.LogDrivers.aws_logs(stream_prefix=model, log_group=log_group),
                 essential=True,
+            )
+            worker.add_mount_points(
+                ecs.MountPoint(
+                    container_path=WEIGHTS_CACHE_PATH,
+                    source_volume="weights-cache",
+                    read_only=False,
+                )
             )
             # Task scale-in protection from inside the task (ECS agent endpoint
             # $ECS_AGENT_URI/task-protection/v1/state uses the task role; ECS developer guide,
@@ -278,12 +298,25 @@ class EcsWorkers(Construct):
         sfx = "" if index == 0 else str(index + 1)
         hw = ecs.AmiHardwareType.GPU if gpu else ecs.AmiHardwareType.STANDARD
         instance_role, sg = self._instance_role, self._sg
+        user_data = ec2.UserData.for_linux()
+        # The weights cache, writable by the worker image's user (the ECS agent would create a
+        # missing host folder owned by root).
+        user_data.add_commands(
+            f"mkdir -p {WEIGHTS_CACHE_PATH}",
+            f"chown {WORKER_UID}:{WORKER_UID} {WEIGHTS_CACHE_PATH}",
+        )
+        if gpu:
+            # The agent registers the instance's GPUs and starts a task that reserves some with
+            # the nvidia container runtime and NVIDIA_VISIBLE_DEVICES set to them (ECS developer
+            # guide, "Amazon ECS task definitions for GPU workloads"); the GPU-optimised AMI
+            # sets this too, stated here so that a custom AMI cannot silently run on the CPU.
+            user_data.add_commands("echo ECS_ENABLE_GPU_SUPPORT=true >> /etc/ecs/ecs.config")
         launch_template = ec2.LaunchTemplate(
             self,
             f"LaunchTemplate{sfx}",
             instance_type=ec2.InstanceType(instance_type),
             machine_image=ecs.EcsOptimizedImage.amazon_linux2023(hw),
-            user_data=ec2.UserData.for_linux(),
+            user_data=user_data,
             role=instance_role,
             security_group=sg,
             require_imdsv2=True,
