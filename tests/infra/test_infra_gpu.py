@@ -185,3 +185,17 @@ def test_the_image_installs_a_cuda_build_of_torch() -> None:
         assert "is a CPU build" in here.stderr
     # The nvidia runtime gives the container the compute (CUDA) driver libraries.
     assert re.search(r"NVIDIA_DRIVER_CAPABILITIES=compute,utility", text)
+
+
+@pytest.mark.parametrize(
+    "source", ["s3://acme-w/llama/v1/", "s3://acme-w/llama/v1", "s3://acme-w/", "s3://acme-w"]
+)
+def test_the_downloader_lists_exactly_the_prefix_the_role_may_read(source: str) -> None:
+    """The worker's ListObjectsV2 prefix is the one the CDK app grants (an ``s3:prefix``
+    condition of ``PREFIX*``), so a folder never fails with AccessDenied nor reads a sibling."""
+    from asyncinfer.models.catalogue import ModelEntry
+    from asyncinfer.models.weights import parse_s3
+    from infra.model_compute import weight_prefixes
+
+    entry = ModelEntry(id="m", kind="embeddings", source=source)
+    assert weight_prefixes(entry) == (parse_s3(source),)

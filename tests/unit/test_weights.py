@@ -223,3 +223,18 @@ def test_the_cache_root_is_a_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     monkeypatch.setenv("ASYNCINFER_MODEL_CACHE", str(tmp_path))
     s = Settings.from_env()
     assert s.weights_cache_dir is None and s.model_cache_dir == tmp_path
+
+
+def test_weights_that_do_not_fit_on_the_disk_are_refused_before_any_download(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+    from collections import namedtuple
+
+    put(s3, {"big/w.bin": b"x" * 2000})
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(10_000, 9_000, 1_000))
+    counting = Counting(s3)
+    with pytest.raises(ConfigError, match="do not fit"):
+        weights.s3_folder(f"s3://{BUCKET}/big/", cache_root=tmp_path, s3=counting)
+    assert counting.downloads == []

@@ -337,7 +337,8 @@ def s3_folder(source: str, *, cache_root: Path, s3: Any) -> Path:
         and :data:`MARKER`.
 
     Raises:
-        ConfigError / TransientError: as :func:`resolve`.
+        ConfigError / TransientError: as :func:`resolve`; ConfigError also when the weights do
+            not fit in the cache's free disk space.
         filelock.Timeout: another worker held the download lock for :data:`LOCK_TIMEOUT`.
     """
     from filelock import FileLock
@@ -363,7 +364,16 @@ def s3_folder(source: str, *, cache_root: Path, s3: Any) -> Path:
         hit = cached_folder(cache_root, source, files)
         if hit is not None:  # the other worker finished it
             return hit
+        for stale in parent.glob(f"{name}.old-*"):  # left by a process killed mid-swap
+            shutil.rmtree(stale, ignore_errors=True)
         total = sum(f.size for f in files)
+        free = shutil.disk_usage(parent).free
+        if free < total:
+            raise ConfigError(
+                f"{where}: {total / 1e9:.2f} GB of weights do not fit in the "
+                f"{free / 1e9:.2f} GB free at {parent} (ASYNCINFER_WEIGHTS_CACHE); "
+                "give the instance a larger disk or point the cache elsewhere"
+            )
         log.info("downloading %s to %s: %d files, %.1f MB", where, target, len(files), total / 1e6)
         _download(s3, bucket, files, partial, where)
         (partial / PROGRESS).unlink(missing_ok=True)
