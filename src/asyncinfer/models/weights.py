@@ -341,7 +341,7 @@ def s3_folder(source: str, *, cache_root: Path, s3: Any) -> Path:
             not fit in the cache's free disk space.
         filelock.Timeout: another worker held the download lock for :data:`LOCK_TIMEOUT`.
     """
-    from filelock import FileLock
+    from filelock import FileLock, Timeout
 
     bucket, prefix = parse_s3(source)
     where = f"s3://{bucket}/{prefix}"
@@ -357,7 +357,7 @@ def s3_folder(source: str, *, cache_root: Path, s3: Any) -> Path:
     lock = FileLock(str(parent / f"{name}.lock"))
     try:
         lock.acquire(timeout=0)
-    except Exception:  # filelock.Timeout: another worker on this machine is downloading it
+    except Timeout:  # another worker on this machine is downloading it
         log.info("waiting for another worker's download of %s", where)
         lock.acquire(timeout=LOCK_TIMEOUT)
     try:
