@@ -65,6 +65,33 @@ class ModelCompute:
         return f"ml.{self.instance_type}"
 
 
+#: GPUs of the NVIDIA instance types of the supported families (EC2 "Accelerated computing
+#: instance specifications"); sizes not listed have one GPU. A type not here is not checked.
+_MULTI_GPU_SIZES: dict[str, dict[str, int]] = {
+    "g4dn": {"12xlarge": 4, "metal": 8},
+    "g5": {"12xlarge": 4, "24xlarge": 4, "48xlarge": 8},
+    "g6": {"12xlarge": 4, "24xlarge": 4, "48xlarge": 8},
+    "g6e": {"12xlarge": 4, "24xlarge": 4, "48xlarge": 8},
+    "gr6": {},
+    "p3": {"8xlarge": 4, "16xlarge": 8},
+    "p3dn": {"24xlarge": 8},
+    "p4d": {"24xlarge": 8},
+    "p4de": {"24xlarge": 8},
+    "p5": {"48xlarge": 8},
+    "p5e": {"48xlarge": 8},
+}
+
+
+def instance_gpus(instance_type: str) -> int | None:
+    """GPUs of an EC2 instance type (without ``ml.``), or ``None`` for a type this table does
+    not know (a CPU family, or a GPU family added after it)."""
+    family, _, size = instance_type.partition(".")
+    sizes = _MULTI_GPU_SIZES.get(family)
+    if sizes is None:
+        return None
+    return sizes.get(size, 1)
+
+
 def weight_prefixes(entry: ModelEntry) -> tuple[tuple[str, str], ...]:
     """``(bucket, prefix)`` of the entry's ``s3://`` source (a folder: the prefix ends with
     ``/`` unless empty), or ``()`` for other sources."""
@@ -138,6 +165,12 @@ def problems(computes: Mapping[str, ModelCompute], gpu_families: tuple[str, ...]
                 f"{model}: instance_type {c.instance_type!r} has no NVIDIA GPU supported by the "
                 f"ECS GPU AMI (families {', '.join(gpu_families)}) but gpus={c.gpus}; set "
                 "compute.gpus: 0 for a CPU worker"
+            )
+        elif c.gpus and (have := instance_gpus(c.instance_type)) is not None and c.gpus > have:
+            p.append(
+                f"{model}: gpus={c.gpus} but instance_type {c.instance_type!r} has {have} "
+                f"GPU{'s' * (have != 1)}; no instance could take a worker (choose a larger "
+                "instance type or fewer gpus)"
             )
         if c.max_workers < max(c.min_workers, 1):
             p.append(f"{model}: max_workers={c.max_workers} is below min_workers={c.min_workers}")

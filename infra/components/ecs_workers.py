@@ -19,11 +19,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from asyncinfer.core import naming
-from infra.components.ecs_instances import (
-    CONTAINER_WEIGHT_CACHE,
-    HOST_WEIGHT_CACHE,
-    instance_user_data,
-)
+from infra.components.ecs_instances import WEIGHTS_CACHE_PATH, instance_user_data
 from infra.components.function import METRICS_NAMESPACE
 from infra.components.model_scopes import ModelScopes
 from infra.model_compute import ModelCompute
@@ -200,7 +196,7 @@ class EcsWorkers(Construct):
             log_group = logs.LogGroup(
                 sc, f"{model}-logs", retention=log_retention, removal_policy=removal_policy
             )
-            task_def.add_volume(name="weights", host=ecs.Host(source_path=HOST_WEIGHT_CACHE))
+            task_def.add_volume(name="weights-cache", host=ecs.Host(source_path=WEIGHTS_CACHE_PATH))
             worker = task_def.add_container(
                 "worker",
                 image=ecs.ContainerImage.from_docker_image_asset(image),
@@ -210,15 +206,19 @@ class EcsWorkers(Construct):
                 ),
                 gpu_count=c.gpus or None,
                 stop_timeout=Duration.seconds(stop_timeout),
-                environment={**environment, "AWS_REGION": Aws.REGION, "ASYNCINFER_COMPUTE": "ecs"},
+                environment={
+                    **environment,
+                    "AWS_REGION": Aws.REGION,
+                    "ASYNCINFER_COMPUTE": "ecs",
+                    "ASYNCINFER_WEIGHTS_CACHE": WEIGHTS_CACHE_PATH,
+                },
                 logging=ecs.LogDrivers.aws_logs(stream_prefix=model, log_group=log_group),
                 essential=True,
             )
-            # The instance's weight cache (s3:// sources), shared by the tasks on an instance.
             worker.add_mount_points(
                 ecs.MountPoint(
-                    container_path=CONTAINER_WEIGHT_CACHE,
-                    source_volume="weights",
+                    container_path=WEIGHTS_CACHE_PATH,
+                    source_volume="weights-cache",
                     read_only=False,
                 )
             )
@@ -312,7 +312,7 @@ class EcsWorkers(Construct):
             instance_type=ec2.InstanceType(instance_type),
             machine_image=ecs.EcsOptimizedImage.amazon_linux2023(hw),
             user_data=instance_user_data(
-                warm_pool=warm_pool > 0, image_uri=image.image_uri if image else None
+                gpu=gpu, warm_pool=warm_pool > 0, image_uri=image.image_uri if image else None
             ),
             role=instance_role,
             security_group=sg,

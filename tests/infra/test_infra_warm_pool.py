@@ -73,9 +73,9 @@ def test_groups_without_a_pool_keep_the_default_agent_settings(cat3: Synth) -> N
 
 def test_every_group_makes_the_weight_cache_for_the_workers_user(cat3: Synth) -> None:
     for lid in cat3.resources("AWS::AutoScaling::AutoScalingGroup"):
-        assert "install -d -o 1000 -g 1000 -m 0750 /var/cache/asyncinfer/weights" in _user_data(
-            cat3, lid
-        )
+        ud = _user_data(cat3, lid)
+        assert "mkdir -p /var/cache/asyncinfer" in ud
+        assert "chown 1000:1000 /var/cache/asyncinfer" in ud
 
 
 def test_every_worker_task_mounts_the_instances_weight_cache(cat3: Synth) -> None:
@@ -83,10 +83,10 @@ def test_every_worker_task_mounts_the_instances_weight_cache(cat3: Synth) -> Non
     assert len(tasks) == 3
     for td in tasks:
         volumes = {v["Name"]: v for v in td["Volumes"]}
-        assert volumes["weights"]["Host"]["SourcePath"] == "/var/cache/asyncinfer/weights"
+        assert volumes["weights-cache"]["Host"]["SourcePath"] == "/var/cache/asyncinfer"
         (worker,) = td["ContainerDefinitions"]
-        mount = {"ContainerPath": "/opt/asyncinfer/weights", "ReadOnly": False}
-        assert worker["MountPoints"] == [{**mount, "SourceVolume": "weights"}]
+        mount = {"ContainerPath": "/var/cache/asyncinfer", "ReadOnly": False}
+        assert worker["MountPoints"] == [{**mount, "SourceVolume": "weights-cache"}]
 
 
 def test_a_warm_pool_on_a_sagemaker_entry_is_refused_naming_the_field(tmp_path: Path) -> None:

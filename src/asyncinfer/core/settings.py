@@ -39,6 +39,9 @@ Environment variables (all optional unless a component needs the resource):
                                     one tenant, across every API Lambda (10; 0: no bound);
                                     one more is 429 ``rate_limited``
 ``ASYNCINFER_MODEL_CACHE``          where converted checkpoints are cached (~/.cache/asyncinfer)
+``ASYNCINFER_WEIGHTS_CACHE``        where ``s3://`` weight sources are downloaded once and reused
+                                    (default ``<ASYNCINFER_MODEL_CACHE>/weights``; on ECS the
+                                    instance's ``/var/cache/asyncinfer``, shared by its tasks)
 ``ASYNCINFER_MAX_BATCH_SIZE``       most jobs a worker runs together (default: the model's)
 ``ASYNCINFER_MAX_WAIT_MS``          how long a worker gathers a batch once a job is in hand (50)
 ``ASYNCINFER_TOKEN_BUDGET``         generation: most KV cache entries of a batch, padding
@@ -118,6 +121,7 @@ class Settings(BaseModel):
     submit_lease_seconds: int = 120
     max_waits_per_tenant: int = 10
     model_cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "asyncinfer")
+    weights_cache_dir: Path | None = None
     max_batch_size: int = 0
     max_wait_ms: float = 50.0
     token_budget: int = 32768
@@ -211,6 +215,7 @@ class Settings(BaseModel):
         if raw_locations:
             values["input_locations"] = [x.strip() for x in raw_locations.split(",") if x.strip()]
         take("ASYNCINFER_MODEL_CACHE", "model_cache_dir", Path)
+        take("ASYNCINFER_WEIGHTS_CACHE", "weights_cache_dir", Path)
         take("ASYNCINFER_MODELS_FILE", "models_file", Path)
         take("ASYNCINFER_MAX_BATCH_SIZE", "max_batch_size", int)
         take("ASYNCINFER_MAX_WAIT_MS", "max_wait_ms", float)

@@ -47,7 +47,7 @@ PRELOAD = [
     "boto3",
     "asyncinfer.worker.runner",
     "asyncinfer.models.smollm2",
-    "asyncinfer.models.minilm",
+    "asyncinfer.models.kinds.embeddings",
 ]
 
 

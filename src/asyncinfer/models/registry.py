@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 #: The built-in handler class of each kind (a ``python`` entry names its own).
 KIND_HANDLERS: dict[str, str] = {
     "causal-lm": "asyncinfer.models.smollm2:SmolLM2Handler",
-    "embeddings": "asyncinfer.models.minilm:MiniLMHandler",
+    "embeddings": "asyncinfer.models.kinds.embeddings:EmbeddingsHandler",
     "echo": "asyncinfer.models.echo:EchoHandler",
 }
 #: The ``task`` of ``GET /v1/models`` per kind.
@@ -120,17 +120,19 @@ class ModelSpec:
 
     def source_dir(self) -> Path | None:
         """The folder of the entry's ``source`` on this machine (``file:``, relative to the
-        catalogue, or ``wheel:``), or ``None`` when the entry has no source.
+        catalogue, or ``wheel:``, read in place; ``s3://``, downloaded once into the weights
+        cache, :mod:`asyncinfer.models.weights`), or ``None`` when the entry has no source.
 
         Raises:
-            NotImplementedError: an ``s3://`` source (downloaded by the worker's cache).
+            ConfigError / TransientError: an ``s3://`` source that cannot be downloaded
+                (:func:`asyncinfer.models.weights.resolve`).
             FileNotFoundError: a ``wheel:`` distribution that is not installed.
         """
         if self.entry is None or not self.entry.source:
             return None
-        from asyncinfer.models.sources import local_source_dir
+        from asyncinfer.models.weights import resolve
 
-        return local_source_dir(self.entry.source, self.base_dir or Path.cwd())
+        return resolve(self.entry.source, self.base_dir or Path.cwd())
 
     def describe(self) -> dict[str, Any]:
         """The entry of ``GET /v1/models``: ``{"id", "task", "kind", "description",

@@ -2,7 +2,7 @@
 
 ``file:///abs/path`` and paths relative to the catalogue are read in place; ``wheel:DIST[/PATH]``
 is a folder inside an installed Python distribution (its top-level package, or ``PATH`` within
-that package). ``s3://`` sources are downloaded by the worker to its cache (another module).
+that package). ``s3://`` sources are downloaded by the worker to its cache (:mod:`.weights`).
 """
 
 from __future__ import annotations

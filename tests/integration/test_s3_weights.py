@@ -1,0 +1,92 @@
+"""An ``embeddings`` entry whose weights are on S3 (issue 13 items 3 and 4), end to end on the
+moto server: a tiny BERT folder uploaded under a prefix, a catalogue pointing at it, a real worker
+that downloads it into its weights cache at start, and a job that succeeds with its vectors;
+a second worker on the same cache downloads nothing."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncinfer.aws import clients
+from asyncinfer.core.settings import Settings
+from asyncinfer.local.resources import create_resources
+from asyncinfer.models import weights
+from asyncinfer.models.registry import use_catalogue
+from tests.conftest import apply_env
+from tests.integration.conftest import Env, WorkerThread
+from tests.unit.encoders import catalogue_of, save_tiny_encoder
+
+MODEL = "tiny-s3"
+
+
+def test_a_worker_downloads_s3_weights_once_and_serves_jobs(
+    moto_endpoint: str, clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    apply_env(
+        clean_env,
+        {
+            "AWS_ENDPOINT_URL": moto_endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "ASYNCINFER_WEIGHTS_CACHE": str(cache),
+        },
+    )
+    bucket = f"weights-{time.monotonic_ns()}"
+    s3 = clients.client("s3")
+    s3.create_bucket(Bucket=bucket)
+    folder = save_tiny_encoder(tmp_path / "bert", "bert")
+    for p in sorted(folder.iterdir()):
+        s3.upload_file(str(p), bucket, f"enc/v1/{p.name}")
+    use_catalogue(
+        catalogue_of(
+            [
+                {
+                    "id": MODEL,
+                    "kind": "embeddings",
+                    "source": f"s3://{bucket}/enc/v1/",
+                    "device": "cpu",
+                    "max_batch_size": 4,
+                },
+                {"id": "echo", "kind": "echo"},
+            ],
+            tmp_path,
+        )
+    )
+    try:
+        base = Settings(
+            endpoint_url=moto_endpoint,
+            region="us-east-1",
+            receive_wait_seconds=1,
+            drain_seconds=2,
+        )
+        res = create_resources(base, [MODEL], prefix=f"s3w{time.monotonic_ns()}")
+        env = Env(settings=res.settings(base), resources=res, env=res.env())
+        job = env.submit(MODEL, {"texts": ["hello world", "a cat"]})
+        with WorkerThread(env.settings, MODEL):
+            rec = env.wait_for(job, {"succeeded", "failed"}, timeout=120)
+        assert rec["status"] == "succeeded", rec
+        out = json.loads(rec["output"])
+        assert out["dim"] == 32 and len(out["embeddings"]) == 2
+        assert all(
+            math.isclose(math.sqrt(sum(x * x for x in v)), 1.0, rel_tol=1e-5)
+            for v in out["embeddings"]
+        )
+        [downloaded] = [p for p in (cache / "s3" / bucket).iterdir() if p.is_dir()]
+        assert (downloaded / weights.MARKER).exists() and (downloaded / "config.json").exists()
+        stamp = (downloaded / "model.safetensors").stat().st_mtime_ns
+        # A second worker on the same machine reuses the folder as it is.
+        job2 = env.submit(MODEL, {"texts": ["again"]})
+        with WorkerThread(env.settings, MODEL):
+            assert env.wait_for(job2, {"succeeded", "failed"}, timeout=120)["status"] == (
+                "succeeded"
+            )
+        assert (downloaded / "model.safetensors").stat().st_mtime_ns == stamp
+    finally:
+        use_catalogue(None)
