@@ -1,17 +1,23 @@
 """The REST API: API Gateway (REST) with API keys and a usage plan, proxying every ``/v1`` route
-to the API Lambda; ``GET /v1/health`` needs no key."""
+and the OpenAI-compatible ``/openai/v1`` surface to the API Lambda; ``GET /v1/health`` needs no
+key. With a key authorizer (the stack's default), keys come from a Lambda REQUEST authorizer
+(``apiKeySource: AUTHORIZER``) that takes ``x-api-key`` or ``Authorization: Bearer``
+(:mod:`asyncinfer.openai_api.authorizer` says why both proxies carry it)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
+
+from asyncinfer.openai_api.errors import gateway_error_body
+from asyncinfer.openai_api.limits import BINARY_MEDIA_TYPES
 
 #: API Gateway errors mapped to the contract's error body ``{"error": {"code", "message"}}``
 #: (spec "Errors"): gateway response type -> (HTTP status, error code).
@@ -21,6 +27,9 @@ GATEWAY_ERRORS: dict[str, tuple[str, str]] = {
     "REQUEST_TOO_LARGE": ("413", "payload_too_large"),
     "MISSING_AUTHENTICATION_TOKEN": ("404", "not_found"),
     "INVALID_API_KEY": ("403", "forbidden"),
+    # The key authorizer: Deny on /v1 (api.md's 403), "Unauthorized" on /openai (OpenAI's 401).
+    "ACCESS_DENIED": ("403", "forbidden"),
+    "UNAUTHORIZED": ("401", "invalid_api_key"),
     "DEFAULT_5XX": ("500", "internal"),
 }
 
@@ -134,6 +143,9 @@ class JobsApi(Construct):
             proxy event is capped at 6 MB and a larger one would fail as a 5xx.
         waf_rate_limit: with a web ACL, a rate-based rule blocking (429) a client IP above this
             many requests per 5 minutes; 0 for none.
+        key_authorizer: the Lambda REQUEST authorizer function
+            (:mod:`asyncinfer.openai_api.authorizer`): the API key source becomes
+            ``AUTHORIZER`` and both proxies carry it; ``None`` keeps ``x-api-key`` (``HEADER``).
         log_retention: of the access log group and of the execution log group
             (``API-Gateway-Execution-Logs_<api id>/prod``, which API Gateway would otherwise
             create without a retention).
@@ -153,6 +165,7 @@ class JobsApi(Construct):
         waf_max_body_kb: int,
         lambda_body_guard: bool = True,
         waf_rate_limit: int = 0,
+        key_authorizer: lambda_.IFunction | None = None,
         log_retention: logs.RetentionDays,
         removal_policy: RemovalPolicy,
     ) -> None:
@@ -166,7 +179,13 @@ class JobsApi(Construct):
             "Api",
             description="asyncinfer HTTP API v1",
             endpoint_types=[apigw.EndpointType.REGIONAL],
-            api_key_source_type=apigw.ApiKeySourceType.HEADER,
+            api_key_source_type=(
+                apigw.ApiKeySourceType.AUTHORIZER
+                if key_authorizer
+                else apigw.ApiKeySourceType.HEADER
+            ),
+            # multipart uploads reach the Lambda intact (base64); file content goes out as bytes.
+            binary_media_types=list(BINARY_MEDIA_TYPES),
             cloud_watch_role=True,
             cloud_watch_role_removal_policy=RemovalPolicy.RETAIN,
             deploy_options=apigw.StageOptions(
@@ -192,12 +211,32 @@ class JobsApi(Construct):
         v1 = self.api.root.add_resource("v1")
         health = v1.add_resource("health")
         health.add_method("GET", integration, api_key_required=False)
+        self.authorizer: apigw.RequestAuthorizer | None = None
+        if key_authorizer is not None:
+            self.authorizer = apigw.RequestAuthorizer(
+                self,
+                "KeyAuthorizer",
+                handler=key_authorizer,
+                # Either header may carry the key; a cached REQUEST authorizer needs every
+                # identity source present, so results are not cached (one call per request).
+                identity_sources=[],
+                results_cache_ttl=Duration.seconds(0),
+            )
+        keyed: dict[str, Any] = {"api_key_required": True}
+        if self.authorizer is not None:
+            keyed.update(
+                authorizer=self.authorizer, authorization_type=apigw.AuthorizationType.CUSTOM
+            )
         proxy = v1.add_resource("{proxy+}")
-        proxy.add_method("ANY", integration, api_key_required=True)
+        proxy.add_method("ANY", integration, **keyed)
+        # The OpenAI-compatible surface (spec openai.md): /openai/v1/..., the same Lambda.
+        openai_proxy = self.api.root.add_resource("openai").add_resource("{proxy+}")
+        openai_proxy.add_method("ANY", integration, **keyed)
         for rtype, (status, code) in GATEWAY_ERRORS.items():
-            body = json.dumps(
-                {"error": {"code": code, "message": "MESSAGE", "details": []}}
-            ).replace('"MESSAGE"', "$context.error.messageString")
+            # Readable on both surfaces: api.md's code/message/details plus OpenAI's type/param.
+            body = json.dumps(gateway_error_body(int(status), code, "MESSAGE")).replace(
+                '"MESSAGE"', "$context.error.messageString"
+            )
             self.api.add_gateway_response(
                 f"Gw{rtype}",
                 type=apigw.ResponseType.of(rtype),
