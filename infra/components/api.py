@@ -17,7 +17,7 @@ from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
 
 from asyncinfer.openai_api.errors import gateway_error_body
-from asyncinfer.openai_api.limits import BINARY_MEDIA_TYPES
+from asyncinfer.openai_api.limits import BINARY_MEDIA_TYPES, MAX_MULTIPART_BYTES
 
 #: API Gateway errors mapped to the contract's error body ``{"error": {"code", "message"}}``
 #: (spec "Errors"): gateway response type -> (HTTP status, error code).
@@ -60,6 +60,27 @@ CONTENT_LENGTH_OVER_LIMIT = (
 )
 
 
+def integer_over(limit: int) -> str:
+    """A regex matching the decimal integers above ``limit`` (leading zeros allowed), for a
+    WAF match on a ``Content-Length`` header: longer numbers, or as long with a larger digit at
+    the first place they differ."""
+    digits = str(limit)
+    n = len(digits)
+    alts = []
+    for i, d in enumerate(digits):
+        if d != "9":
+            rest = n - i - 1
+            tail = f"[0-9]{{{rest}}}" if rest > 1 else ("[0-9]" if rest == 1 else "")
+            lo = str(int(d) + 1)
+            alts.append(f"{digits[:i]}{lo if lo == '9' else f'[{lo}-9]'}{tail}")
+    alts.append(f"[1-9][0-9]{{{n},}}")
+    return "^0*(" + "|".join(alts) + ")$"
+
+
+#: ``Content-Length`` values above the multipart limit of ``POST /openai/v1/files``.
+MULTIPART_OVER_LIMIT = integer_over(MAX_MULTIPART_BYTES)
+
+
 #: The REST API's one stage.
 STAGE = "prod"
 
@@ -98,6 +119,18 @@ def _rate_rule(limit: int, priority: int) -> Any:
             metric_name="asyncinfer-rate-limit-per-ip",
             sampled_requests_enabled=True,
         ),
+    )
+
+
+def _header_regex(header: str, regex: str) -> Any:
+    return wafv2.CfnWebACL.StatementProperty(
+        regex_match_statement=wafv2.CfnWebACL.RegexMatchStatementProperty(
+            regex_string=regex,
+            field_to_match=wafv2.CfnWebACL.FieldToMatchProperty(single_header={"Name": header}),
+            text_transformations=[
+                wafv2.CfnWebACL.TextTransformationProperty(priority=0, type="NONE")
+            ],
+        )
     )
 
 
@@ -282,6 +315,35 @@ class JobsApi(Construct):
                     "too_large_for_lambda",
                 )
             )
+            # multipart reaches the Lambda base64 (4/3 larger): its own, lower cut.
+            rules.append(
+                _block_413(
+                    "multipart-over-lambda-limit",
+                    len(rules),
+                    wafv2.CfnWebACL.StatementProperty(
+                        and_statement=wafv2.CfnWebACL.AndStatementProperty(
+                            statements=[
+                                _header_regex("content-length", MULTIPART_OVER_LIMIT),
+                                wafv2.CfnWebACL.StatementProperty(
+                                    byte_match_statement=wafv2.CfnWebACL.ByteMatchStatementProperty(
+                                        field_to_match=wafv2.CfnWebACL.FieldToMatchProperty(
+                                            single_header={"Name": "content-type"}
+                                        ),
+                                        positional_constraint="STARTS_WITH",
+                                        search_string="multipart/form-data",
+                                        text_transformations=[
+                                            wafv2.CfnWebACL.TextTransformationProperty(
+                                                priority=0, type="LOWERCASE"
+                                            )
+                                        ],
+                                    )
+                                ),
+                            ]
+                        )
+                    ),
+                    "multipart_too_large",
+                )
+            )
         if max_kb:
             rules.append(
                 _block_413(
@@ -324,6 +386,17 @@ class JobsApi(Construct):
                     "rate_limited", f"over {rate_limit} requests in 5 minutes from this address"
                 ),
                 "too_large": _json_413(f"request body over {max_kb} KB"),
+                "multipart_too_large": wafv2.CfnWebACL.CustomResponseBodyProperty(
+                    content_type="APPLICATION_JSON",
+                    content=json.dumps(
+                        gateway_error_body(
+                            413,
+                            "payload_too_large",
+                            f"multipart body over {MAX_MULTIPART_BYTES} bytes; upload large "
+                            "files with POST /v1/uploads and create the file with input_url",
+                        )
+                    ),
+                ),
                 "too_large_for_lambda": _json_413(
                     f"request body over {LAMBDA_BODY_LIMIT} bytes; upload large inputs with "
                     "POST /v1/uploads and submit input_url"

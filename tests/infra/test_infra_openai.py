@@ -95,3 +95,29 @@ def test_gateway_errors_carry_openai_type_and_a_401(any_mode: Any) -> None:
     assert '"type": "authentication_error"' in body and '"code": "invalid_api_key"' in body
     throttled = responses["THROTTLED"]["ResponseTemplates"]["application/json"]
     assert '"type": "rate_limit_error"' in throttled and '"details": []' in throttled
+
+
+def test_multipart_bodies_over_their_limit_get_413_from_waf(any_mode: Any) -> None:
+    import re
+
+    from asyncinfer.openai_api.limits import MAX_MULTIPART_BYTES
+
+    (acl,) = any_mode.props("AWS::WAFv2::WebACL")
+    rule = {r["Name"]: r for r in acl["Rules"]}["multipart-over-lambda-limit"]
+    assert rule["Action"]["Block"]["CustomResponse"]["ResponseCode"] == 413
+    length, ctype = rule["Statement"]["AndStatement"]["Statements"]
+    rx = re.compile(length["RegexMatchStatement"]["RegexString"])
+    assert length["RegexMatchStatement"]["FieldToMatch"] == {
+        "SingleHeader": {"Name": "content-length"}
+    }
+    for n in (0, 1, MAX_MULTIPART_BYTES - 1, MAX_MULTIPART_BYTES):
+        assert not rx.match(str(n)), n
+    for n in (MAX_MULTIPART_BYTES + 1, 4_500_000, 9_999_999, 10_000_000, 123_456_789):
+        assert rx.match(str(n)) and rx.match(f"00{n}"), n
+    match = ctype["ByteMatchStatement"]
+    assert match["SearchString"] == "multipart/form-data"
+    assert match["PositionalConstraint"] == "STARTS_WITH"
+    assert match["TextTransformations"][0]["Type"] == "LOWERCASE"
+    body = json.loads(acl["CustomResponseBodies"]["multipart_too_large"]["Content"])
+    assert body["error"]["code"] == "payload_too_large"
+    assert body["error"]["type"] == "invalid_request_error"
