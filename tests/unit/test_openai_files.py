@@ -8,6 +8,7 @@ import base64
 import io
 import json
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -262,3 +263,43 @@ def test_bad_bodies_are_4xx_and_store_nothing(client: openai.OpenAI) -> None:
     status, body, _ = call("POST", "/openai/v1/files", raw=b"{nope")
     assert status == 400 and body["error"]["code"] == "invalid_json"
     assert list(client.files.list()) == []
+
+
+def test_store_maps_only_absent_objects_to_not_found() -> None:
+    from botocore.exceptions import ClientError
+
+    from asyncinfer.errors import NotFound
+
+    class S3:
+        exceptions = SimpleNamespace(ClientError=ClientError)
+
+        def __init__(self, status: int) -> None:
+            self.status = status
+
+        def head_object(self, **_: Any) -> Any:
+            raise ClientError(
+                {
+                    "Error": {"Code": str(self.status)},
+                    "ResponseMetadata": {"HTTPStatusCode": self.status},
+                },
+                "HeadObject",
+            )
+
+    for status in (403, 404):
+        with pytest.raises(NotFound):
+            FileStore(S3(status), "b").get("t", "file-x")
+    with pytest.raises(ClientError):  # throttling, outages: not a missing file
+        FileStore(S3(503), "b").get("t", "file-x")
+
+
+def test_tenant_from_the_authorizer_context(resources: Resources) -> None:
+    from asyncinfer.api.app import handler
+
+    for path in ("/v1/jobs", "/openai/v1/files"):
+        event = build_event(
+            "GET", path, [], b"", api_key=None, api_key_id=None, source_ip="127.0.0.1"
+        )
+        event["requestContext"]["authorizer"] = {"apiKeyId": "tenant-a", "principalId": "x"}
+        assert handler(event, LocalContext())["statusCode"] == 200, path
+        event["requestContext"]["authorizer"] = None
+        assert handler(event, LocalContext())["statusCode"] in (401, 500), path

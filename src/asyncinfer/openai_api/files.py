@@ -87,7 +87,7 @@ class FileStore:
         try:
             head = self.s3.head_object(Bucket=self.bucket, Key=file_key(tenant, file_id))
         except self.s3.exceptions.ClientError as err:
-            if _status(err) != 404:
+            if _status(err) not in _ABSENT:
                 raise
             raise NotFound(f"No such file: {file_id}") from err
         meta = head.get("Metadata", {})
@@ -105,7 +105,7 @@ class FileStore:
         try:
             obj = self.s3.get_object(Bucket=self.bucket, Key=file_key(tenant, file_id))
         except self.s3.exceptions.ClientError as err:
-            if _status(err) != 404:
+            if _status(err) not in _ABSENT:
                 raise
             raise NotFound(f"No such file: {file_id}") from err
         if max_bytes is not None and int(obj["ContentLength"]) > max_bytes:
@@ -126,7 +126,7 @@ class FileStore:
         try:
             head = self.s3.head_object(Bucket=self.bucket, Key=source_key)
         except self.s3.exceptions.ClientError as err:
-            if _status(err) != 404:
+            if _status(err) not in _ABSENT:
                 raise
             raise InvalidRequest(
                 "nothing was uploaded to input_url",
@@ -220,6 +220,11 @@ class FileStore:
             return self.get(tenant, file_id)
         except NotFound:  # deleted between the listing and the HEAD
             return None
+
+
+#: S3 statuses of a missing object: 404, or 403 for a caller without ``s3:ListBucket`` (S3 API
+#: Reference, HeadObject/GetObject, "Permissions").
+_ABSENT = (403, 404)
 
 
 def _status(err: Exception) -> int:
