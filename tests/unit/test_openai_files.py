@@ -303,3 +303,11 @@ def test_tenant_from_the_authorizer_context(resources: Resources) -> None:
         assert handler(event, LocalContext())["statusCode"] == 200, path
         event["requestContext"]["authorizer"] = None
         assert handler(event, LocalContext())["statusCode"] in (401, 500), path
+
+
+def test_the_v1_openapi_document_leaves_the_openai_surface_out(resources: Resources) -> None:
+    from tests.conftest import ApiCaller
+
+    status, doc, _ = ApiCaller("tenant-a")("GET", "/v1/openapi.json")
+    assert status == 200 and doc["paths"]
+    assert all(p.startswith("/v1/") for p in doc["paths"])
