@@ -21,6 +21,7 @@ from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
@@ -133,10 +134,28 @@ class AsyncInferStack(Stack):
         self.bucket.grant_read_write(self.api_fn)
         self.events_topic.grant_publish(self.api_fn)
         self.queues.grant_job_queues(self.api_fn, SEND_ACTIONS)
+        self.authorizer_fn = PythonFunction(
+            self,
+            "AuthorizerFn",
+            code="authorizer",
+            service="authorizer",
+            environment=env,
+            timeout=Duration.seconds(10),
+            description="asyncinfer API key authorizer: x-api-key or Authorization: Bearer",
+            **fn_common,
+        ).function
+        # GetApiKeys (with values) is GET on the region's /apikeys collection, nothing wider.
+        self.authorizer_fn.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["apigateway:GET"],
+                resources=[f"arn:{self.partition}:apigateway:{self.region}::/apikeys"],
+            )
+        )
         self.api = JobsApi(
             self,
             "Http",
             handler=self.api_fn,
+            key_authorizer=self.authorizer_fn,
             throttle_rate=cfg.throttle_rate,
             throttle_burst=cfg.throttle_burst,
             quota_limit=cfg.quota_limit,

@@ -1,17 +1,23 @@
 """The REST API: API Gateway (REST) with API keys and a usage plan, proxying every ``/v1`` route
-to the API Lambda; ``GET /v1/health`` needs no key."""
+and the OpenAI-compatible ``/openai/v1`` surface to the API Lambda; ``GET /v1/health`` needs no
+key. With a key authorizer (the stack's default), keys come from a Lambda REQUEST authorizer
+(``apiKeySource: AUTHORIZER``) that takes ``x-api-key`` or ``Authorization: Bearer``
+(:mod:`asyncinfer.openai_api.authorizer` says why both proxies carry it)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
+
+from asyncinfer.openai_api.errors import gateway_error_body
+from asyncinfer.openai_api.limits import BINARY_MEDIA_TYPES, MAX_MULTIPART_BYTES
 
 #: API Gateway errors mapped to the contract's error body ``{"error": {"code", "message"}}``
 #: (spec "Errors"): gateway response type -> (HTTP status, error code).
@@ -21,6 +27,9 @@ GATEWAY_ERRORS: dict[str, tuple[str, str]] = {
     "REQUEST_TOO_LARGE": ("413", "payload_too_large"),
     "MISSING_AUTHENTICATION_TOKEN": ("404", "not_found"),
     "INVALID_API_KEY": ("403", "forbidden"),
+    # The key authorizer: Deny on /v1 (api.md's 403), "Unauthorized" on /openai (OpenAI's 401).
+    "ACCESS_DENIED": ("403", "forbidden"),
+    "UNAUTHORIZED": ("401", "invalid_api_key"),
     "DEFAULT_5XX": ("500", "internal"),
 }
 
@@ -49,6 +58,27 @@ CONTENT_LENGTH_OVER_LIMIT = (
     r"^0*(600000[1-9]|60000[1-9][0-9]|6000[1-9][0-9]{2}|600[1-9][0-9]{3}|60[1-9][0-9]{4}"
     r"|6[1-9][0-9]{5}|[7-9][0-9]{6}|[1-9][0-9]{7,})$"
 )
+
+
+def integer_over(limit: int) -> str:
+    """A regex matching the decimal integers above ``limit`` (leading zeros allowed), for a
+    WAF match on a ``Content-Length`` header: longer numbers, or as long with a larger digit at
+    the first place they differ."""
+    digits = str(limit)
+    n = len(digits)
+    alts = []
+    for i, d in enumerate(digits):
+        if d != "9":
+            rest = n - i - 1
+            tail = f"[0-9]{{{rest}}}" if rest > 1 else ("[0-9]" if rest == 1 else "")
+            lo = str(int(d) + 1)
+            alts.append(f"{digits[:i]}{lo if lo == '9' else f'[{lo}-9]'}{tail}")
+    alts.append(f"[1-9][0-9]{{{n},}}")
+    return "^0*(" + "|".join(alts) + ")$"
+
+
+#: ``Content-Length`` values above the multipart limit of ``POST /openai/v1/files``.
+MULTIPART_OVER_LIMIT = integer_over(MAX_MULTIPART_BYTES)
 
 
 #: The REST API's one stage.
@@ -89,6 +119,18 @@ def _rate_rule(limit: int, priority: int) -> Any:
             metric_name="asyncinfer-rate-limit-per-ip",
             sampled_requests_enabled=True,
         ),
+    )
+
+
+def _header_regex(header: str, regex: str) -> Any:
+    return wafv2.CfnWebACL.StatementProperty(
+        regex_match_statement=wafv2.CfnWebACL.RegexMatchStatementProperty(
+            regex_string=regex,
+            field_to_match=wafv2.CfnWebACL.FieldToMatchProperty(single_header={"Name": header}),
+            text_transformations=[
+                wafv2.CfnWebACL.TextTransformationProperty(priority=0, type="NONE")
+            ],
+        )
     )
 
 
@@ -134,6 +176,9 @@ class JobsApi(Construct):
             proxy event is capped at 6 MB and a larger one would fail as a 5xx.
         waf_rate_limit: with a web ACL, a rate-based rule blocking (429) a client IP above this
             many requests per 5 minutes; 0 for none.
+        key_authorizer: the Lambda REQUEST authorizer function
+            (:mod:`asyncinfer.openai_api.authorizer`): the API key source becomes
+            ``AUTHORIZER`` and both proxies carry it; ``None`` keeps ``x-api-key`` (``HEADER``).
         log_retention: of the access log group and of the execution log group
             (``API-Gateway-Execution-Logs_<api id>/prod``, which API Gateway would otherwise
             create without a retention).
@@ -153,6 +198,7 @@ class JobsApi(Construct):
         waf_max_body_kb: int,
         lambda_body_guard: bool = True,
         waf_rate_limit: int = 0,
+        key_authorizer: lambda_.IFunction | None = None,
         log_retention: logs.RetentionDays,
         removal_policy: RemovalPolicy,
     ) -> None:
@@ -166,7 +212,13 @@ class JobsApi(Construct):
             "Api",
             description="asyncinfer HTTP API v1",
             endpoint_types=[apigw.EndpointType.REGIONAL],
-            api_key_source_type=apigw.ApiKeySourceType.HEADER,
+            api_key_source_type=(
+                apigw.ApiKeySourceType.AUTHORIZER
+                if key_authorizer
+                else apigw.ApiKeySourceType.HEADER
+            ),
+            # multipart uploads reach the Lambda intact (base64); file content goes out as bytes.
+            binary_media_types=list(BINARY_MEDIA_TYPES),
             cloud_watch_role=True,
             cloud_watch_role_removal_policy=RemovalPolicy.RETAIN,
             deploy_options=apigw.StageOptions(
@@ -192,12 +244,32 @@ class JobsApi(Construct):
         v1 = self.api.root.add_resource("v1")
         health = v1.add_resource("health")
         health.add_method("GET", integration, api_key_required=False)
+        self.authorizer: apigw.RequestAuthorizer | None = None
+        if key_authorizer is not None:
+            self.authorizer = apigw.RequestAuthorizer(
+                self,
+                "KeyAuthorizer",
+                handler=key_authorizer,
+                # Either header may carry the key; a cached REQUEST authorizer needs every
+                # identity source present, so results are not cached (one call per request).
+                identity_sources=[],
+                results_cache_ttl=Duration.seconds(0),
+            )
+        keyed: dict[str, Any] = {"api_key_required": True}
+        if self.authorizer is not None:
+            keyed.update(
+                authorizer=self.authorizer, authorization_type=apigw.AuthorizationType.CUSTOM
+            )
         proxy = v1.add_resource("{proxy+}")
-        proxy.add_method("ANY", integration, api_key_required=True)
+        proxy.add_method("ANY", integration, **keyed)
+        # The OpenAI-compatible surface (spec openai.md): /openai/v1/..., the same Lambda.
+        openai_proxy = self.api.root.add_resource("openai").add_resource("{proxy+}")
+        openai_proxy.add_method("ANY", integration, **keyed)
         for rtype, (status, code) in GATEWAY_ERRORS.items():
-            body = json.dumps(
-                {"error": {"code": code, "message": "MESSAGE", "details": []}}
-            ).replace('"MESSAGE"', "$context.error.messageString")
+            # Readable on both surfaces: api.md's code/message/details plus OpenAI's type/param.
+            body = json.dumps(gateway_error_body(int(status), code, "MESSAGE")).replace(
+                '"MESSAGE"', "$context.error.messageString"
+            )
             self.api.add_gateway_response(
                 f"Gw{rtype}",
                 type=apigw.ResponseType.of(rtype),
@@ -243,6 +315,35 @@ class JobsApi(Construct):
                     "too_large_for_lambda",
                 )
             )
+            # multipart reaches the Lambda base64 (4/3 larger): its own, lower cut.
+            rules.append(
+                _block_413(
+                    "multipart-over-lambda-limit",
+                    len(rules),
+                    wafv2.CfnWebACL.StatementProperty(
+                        and_statement=wafv2.CfnWebACL.AndStatementProperty(
+                            statements=[
+                                _header_regex("content-length", MULTIPART_OVER_LIMIT),
+                                wafv2.CfnWebACL.StatementProperty(
+                                    byte_match_statement=wafv2.CfnWebACL.ByteMatchStatementProperty(
+                                        field_to_match=wafv2.CfnWebACL.FieldToMatchProperty(
+                                            single_header={"Name": "content-type"}
+                                        ),
+                                        positional_constraint="STARTS_WITH",
+                                        search_string="multipart/form-data",
+                                        text_transformations=[
+                                            wafv2.CfnWebACL.TextTransformationProperty(
+                                                priority=0, type="LOWERCASE"
+                                            )
+                                        ],
+                                    )
+                                ),
+                            ]
+                        )
+                    ),
+                    "multipart_too_large",
+                )
+            )
         if max_kb:
             rules.append(
                 _block_413(
@@ -285,6 +386,17 @@ class JobsApi(Construct):
                     "rate_limited", f"over {rate_limit} requests in 5 minutes from this address"
                 ),
                 "too_large": _json_413(f"request body over {max_kb} KB"),
+                "multipart_too_large": wafv2.CfnWebACL.CustomResponseBodyProperty(
+                    content_type="APPLICATION_JSON",
+                    content=json.dumps(
+                        gateway_error_body(
+                            413,
+                            "payload_too_large",
+                            f"multipart body over {MAX_MULTIPART_BYTES} bytes; upload large "
+                            "files with POST /v1/uploads and create the file with input_url",
+                        )
+                    ),
+                ),
                 "too_large_for_lambda": _json_413(
                     f"request body over {LAMBDA_BODY_LIMIT} bytes; upload large inputs with "
                     "POST /v1/uploads and submit input_url"

@@ -212,7 +212,7 @@ def test_health_needs_no_key_and_everything_else_does(any_mode: Any) -> None:
     assert by_method["GET"]["ApiKeyRequired"] is False
     assert by_method["ANY"]["ApiKeyRequired"] is True
     paths = {r["PathPart"] for r in any_mode.props("AWS::ApiGateway::Resource")}
-    assert paths == {"v1", "health", "{proxy+}"}
+    assert paths == {"v1", "health", "{proxy+}", "openai"}  # /openai/{proxy+}: issue 15
     for m in methods:
         assert m["Integration"]["Type"] == "AWS_PROXY"
 

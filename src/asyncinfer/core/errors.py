@@ -54,6 +54,29 @@ class InvalidJson(ApiError):
     http_status = 400
 
 
+class Unauthorized(ApiError):
+    """No API key, or not a valid one, on the ``/openai/v1`` surface (HTTP 401, OpenAI's
+    ``invalid_api_key``, so that the ``openai`` SDK raises ``AuthenticationError``; spec
+    openai.md). The ``/v1`` surface answers the same case 403 ``forbidden`` (api.md)."""
+
+    code = "invalid_api_key"
+    http_status = 401
+
+
+class InvalidMultipart(ApiError):
+    """A ``multipart/form-data`` body that cannot be parsed (HTTP 400)."""
+
+    code = "invalid_multipart"
+    http_status = 400
+
+
+class UnsupportedMediaType(ApiError):
+    """A body of a content type the route does not take (HTTP 415, RFC 9110 15.5.16)."""
+
+    code = "unsupported_media_type"
+    http_status = 415
+
+
 class InvalidRequest(ApiError):
     """Schema violation, unknown model or out-of-range value (HTTP 422); ``details`` name fields."""
 

@@ -1,17 +1,20 @@
 """The local API Gateway: an HTTP server on 127.0.0.1 that turns each request into the REST API
-proxy event the API Lambda receives in AWS, checks the ``x-api-key`` header as an API key with a
-usage plan would, and invokes the handler in the local Lambda pool.
+proxy event the API Lambda receives in AWS, checks the API key as the CDK app's Lambda
+authorizer and usage plan would, and invokes the handler in the local Lambda pool. The key is
+``x-api-key`` or ``Authorization: Bearer`` (:func:`asyncinfer.openai_api.auth.api_key`, the
+authorizer's rule); under ``/openai/`` a missing or unknown key is 401 (OpenAI's
+``invalid_api_key``), under ``/v1/`` 403 ``forbidden`` as before.
 
 Like API Gateway with the CDK app's gateway responses (``infra/components/api.py``): a missing
 or unknown key is 403 with the error body ``{"error": {"code": "forbidden", ...}}``
 (``/v1/health`` needs none); the key's id is ``requestContext.identity.apiKeyId``; bodies above
 10 MB are refused with 413 ``payload_too_large`` before the handler runs. Requests come to the
-handler only through the CDK app's two resource methods, ``GET /v1/health`` and
-``ANY /v1/{proxy+}``: any other method or path (TRACE, ``POST /v1/health``, ``/``) gets the
-app's ``MISSING_AUTHENTICATION_TOKEN`` gateway response, 404 ``not_found`` "Missing
-Authentication Token" (API Gateway's own default is 403 ``{"message": "Missing Authentication
-Token"}``), never Python's 501 page. A handler that cannot be invoked is the app's
-``DEFAULT_5XX`` response, 500 ``internal``.
+handler only through the CDK app's three resource methods, ``GET /v1/health``,
+``ANY /v1/{proxy+}`` and ``ANY /openai/{proxy+}``: any other method or path (TRACE,
+``POST /v1/health``, ``/``) gets the app's ``MISSING_AUTHENTICATION_TOKEN`` gateway response,
+404 ``not_found`` "Missing Authentication Token" (API Gateway's own default is 403
+``{"message": "Missing Authentication Token"}``), never Python's 501 page. A handler that
+cannot be invoked is the app's ``DEFAULT_5XX`` response, 500 ``internal``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from urllib.parse import parse_qsl, urlsplit
 
 from asyncinfer.core.errors import PayloadTooLarge
 from asyncinfer.local.lambda_runtime import LambdaPool
+from asyncinfer.openai_api.auth import OPENAI_PREFIX, api_key
+from asyncinfer.openai_api.errors import gateway_error_body
+from asyncinfer.openai_api.limits import is_binary_media
 
 log = logging.getLogger("asyncinfer.local")
 
@@ -47,9 +53,17 @@ def missing_authentication_token() -> dict[str, Any]:
     return _error("not_found", "Missing Authentication Token")
 
 
+def unauthorized(key: str | None) -> dict[str, Any]:
+    """The body of the CDK app's ``UNAUTHORIZED`` gateway response (401) on ``/openai/v1``:
+    no key, or one that is no API key of the API (the authorizer refuses it)."""
+    message = "Incorrect API key provided" if key else "No API key provided"
+    return gateway_error_body(401, "invalid_api_key", message)
+
+
 def route(method: str, path: str) -> str | None:
     """Which of the CDK app's resource methods takes ``method`` on ``path``: ``"public"``
-    (``GET /v1/health``, no key), ``"keyed"`` (``ANY /v1/{proxy+}``, key required) or ``None``
+    (``GET /v1/health``, no key), ``"keyed"`` (``ANY /v1/{proxy+}``, key required),
+    ``"openai"`` (``ANY /openai/{proxy+}``, key required, 401 without) or ``None``
     (no such resource method: API Gateway answers ``MISSING_AUTHENTICATION_TOKEN`` before it
     looks at the key)."""
     if method not in GATEWAY_METHODS:
@@ -58,6 +72,8 @@ def route(method: str, path: str) -> str | None:
         return "public" if method == "GET" else None
     if path.startswith("/v1/") and len(path) > len("/v1/"):
         return "keyed"
+    if path.startswith(OPENAI_PREFIX) and len(path) > len(OPENAI_PREFIX):
+        return "openai"
     return None
 
 
@@ -87,7 +103,10 @@ def build_event(
         q_multi.setdefault(k, []).append(v)
     is_b64 = False
     text: str | None = None
-    if body:
+    ctype = next((v for k, v in reversed(headers) if k.lower() == "content-type"), None)
+    if body and is_binary_media(ctype):  # as API Gateway with the app's binaryMediaTypes
+        text, is_b64 = base64.b64encode(body).decode(), True
+    elif body:
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError:
@@ -213,8 +232,12 @@ class LocalGateway:
                 if resource is None:
                     self._json(404, missing_authentication_token())
                     return
-                key = self.headers.get("x-api-key")
+                key = api_key(self.headers.items())
                 key_id = gateway.api_keys.get(key or "")
+                if resource == "openai" and key_id is None:
+                    # The Lambda authorizer's "Unauthorized": the UNAUTHORIZED gateway response.
+                    self._json(401, unauthorized(key))
+                    return
                 if resource == "keyed" and key_id is None:
                     self._json(
                         403, {"error": {"code": "forbidden", "message": "Forbidden", "details": []}}

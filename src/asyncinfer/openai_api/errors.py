@@ -21,6 +21,7 @@ _TYPES: dict[int, str] = {
     405: "invalid_request_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
 }
@@ -50,3 +51,13 @@ def from_api_error(err: ApiError) -> tuple[int, dict[str, Any]]:
     return err.http_status, openai_error_body(
         err.http_status, err.message, param=param, code=err.code
     )
+
+
+def gateway_error_body(status: int, code: str, message: str) -> dict[str, Any]:
+    """The body of an error API Gateway answers itself (a gateway response: throttling, a
+    missing or wrong key, a body over 10 MB), readable on both surfaces: api.md's
+    ``{"error": {"code", "message", "details"}}`` with OpenAI's ``type`` and ``param`` added
+    (gateway responses are per API, not per path). The local gateway sends the same."""
+    body = openai_error_body(status, message, code=code)
+    body["error"]["details"] = []
+    return body

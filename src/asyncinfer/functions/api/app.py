@@ -53,6 +53,8 @@ from asyncinfer.functions.api.schemas import (
 )
 from asyncinfer.inputs import UPLOAD_URL_SECONDS, new_upload
 from asyncinfer.jobs import JobService
+from asyncinfer.openai_api import app as openai_app
+from asyncinfer.openai_api.auth import is_openai_path
 from asyncinfer.webhooks.secrets import SecretStore, WebhookSecretView
 
 logger, tracer, metrics = powertools("asyncinfer-api")
@@ -72,6 +74,9 @@ def service() -> JobService:
 def tenant() -> str:
     """The caller's tenant: the API key id API Gateway put in the request context."""
     key_id = (app.current_event.request_context.identity.api_key_id or "").strip()
+    if not key_id:  # API key source AUTHORIZER: the authorizer also passes the key's id
+        authorizer = app.current_event.raw_event.get("requestContext", {}).get("authorizer")
+        key_id = str((authorizer or {}).get("apiKeyId") or "").strip()
     if not key_id:
         # API Gateway rejects keyless calls before they reach us; this guards misconfiguration.
         raise ApiError("no API key identity in the request")
@@ -386,7 +391,12 @@ def on_unexpected(exc: Exception) -> Response:
 @instrument(logger, tracer, metrics, correlation_id_path="requestContext.requestId")
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The API Lambda's entry point (API Gateway REST proxy integration). ``HEAD`` is answered
-    as ``GET`` (the gateway sends no body for it)."""
+    as ``GET`` (the gateway sends no body for it). Requests under ``/openai/`` go to the
+    OpenAI-compatible surface (:mod:`asyncinfer.openai_api.app`), which takes its own bodies."""
+    if event.get("httpMethod") == "HEAD":
+        event = {**event, "httpMethod": "GET"}
+    if is_openai_path(event.get("path") or ""):
+        return openai_app.handle(event, context)
     error = body_error(event)
     if error is not None:
         return {
@@ -395,6 +405,4 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             "body": json.dumps(error.body()),
             "isBase64Encoded": False,
         }
-    if event.get("httpMethod") == "HEAD":
-        event = {**event, "httpMethod": "GET"}
     return app.resolve(normalise(event), context)
