@@ -28,6 +28,7 @@ from aws_cdk import aws_sns_subscriptions as subs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from asyncinfer.core import envvars as ev
 from asyncinfer.core import naming
 from infra.components.api import JobsApi
 from infra.components.ecs_workers import EcsWorkers, image_excludes
@@ -96,22 +97,22 @@ class AsyncInferStack(Stack):
             scopes=scopes,
         )
         env = {
-            "ASYNCINFER_TABLE": self.table.table_name,
-            "ASYNCINFER_BUCKET": self.bucket.bucket_name,
-            "ASYNCINFER_TOPIC_ARN": self.events_topic.topic_arn,
+            ev.TABLE: self.table.table_name,
+            ev.BUCKET: self.bucket.bucket_name,
+            ev.TOPIC_ARN: self.events_topic.topic_arn,
             # Queue URLs, service and endpoint names follow from these (asyncinfer.core.naming): a
             # constant size, not a map growing per model (Lambda: 4 KB of environment in all).
-            "ASYNCINFER_RESOURCE_PREFIX": prefix,
-            "ASYNCINFER_QUEUE_URL_BASE": self.queues.url_base(),
-            "ASYNCINFER_MODELS": ",".join(models),
-            "ASYNCINFER_MAX_RECEIVE_COUNT": str(cfg.max_receive_count),
-            "ASYNCINFER_VISIBILITY_TIMEOUT": str(cfg.visibility_timeout),
-            "ASYNCINFER_HEARTBEAT_SECONDS": f"{cfg.effective_heartbeat:g}",
-            "ASYNCINFER_RECORD_RETENTION": str(cfg.record_retention_days * 86400),
-            "ASYNCINFER_COMPUTE": cfg.compute,
+            ev.RESOURCE_PREFIX: prefix,
+            ev.QUEUE_URL_BASE: self.queues.url_base(),
+            ev.MODELS: ",".join(models),
+            ev.MAX_RECEIVE_COUNT: str(cfg.max_receive_count),
+            ev.VISIBILITY_TIMEOUT: str(cfg.visibility_timeout),
+            ev.HEARTBEAT_SECONDS: f"{cfg.effective_heartbeat:g}",
+            ev.RECORD_RETENTION: str(cfg.record_retention_days * 86400),
+            ev.COMPUTE: cfg.compute,
         }
         if cfg.input_locations:
-            env["ASYNCINFER_INPUT_LOCATIONS"] = ",".join(cfg.input_locations)
+            env[ev.INPUT_LOCATIONS] = ",".join(cfg.input_locations)
         fn_common: dict[str, Any] = {
             "models_file": cfg.models_path,
             "layer": layer,
@@ -214,8 +215,8 @@ class AsyncInferStack(Stack):
         if cfg.compute == "ecs":
             worker_env = {
                 **env,
-                "ASYNCINFER_DRAIN_SECONDS": str(cfg.drain_seconds),
-                "ASYNCINFER_MODELS_FILE": worker_models_file(cfg),
+                ev.DRAIN_SECONDS: str(cfg.drain_seconds),
+                ev.MODELS_FILE: worker_models_file(cfg),
             }
             release_fn = PythonFunction(
                 self,
@@ -263,11 +264,11 @@ class AsyncInferStack(Stack):
                 code="backlog_metric",
                 service="backlog-metric",
                 environment={
-                    "ASYNCINFER_RESOURCE_PREFIX": prefix,
-                    "ASYNCINFER_QUEUE_URL_BASE": self.queues.url_base(),
-                    "ASYNCINFER_MODELS": ",".join(models),
-                    "ASYNCINFER_COMPUTE": "ecs",
-                    "ASYNCINFER_ECS_CLUSTER": self.ecs.cluster.cluster_name,
+                    ev.RESOURCE_PREFIX: prefix,
+                    ev.QUEUE_URL_BASE: self.queues.url_base(),
+                    ev.MODELS: ",".join(models),
+                    ev.COMPUTE: "ecs",
+                    ev.ECS_CLUSTER: self.ecs.cluster.cluster_name,
                 },
                 timeout=Duration.seconds(30),
                 description="asyncinfer backlog-per-task metric (every minute)",
@@ -278,7 +279,7 @@ class AsyncInferStack(Stack):
             self.ecs.grant_describe_services(self.backlog_fn)
             # Wake-on-submit: the API takes a service at zero to one task at once.
             self.ecs.grant_wake(self.api_fn)
-            self.api_fn.add_environment("ASYNCINFER_ECS_CLUSTER", self.ecs.cluster.cluster_name)
+            self.api_fn.add_environment(ev.ECS_CLUSTER, self.ecs.cluster.cluster_name)
             events.Rule(
                 self,
                 "BacklogSchedule",
@@ -307,7 +308,7 @@ class AsyncInferStack(Stack):
                 bucket=self.bucket,
                 success_topic=success,
                 error_topic=error,
-                environment={**env, "ASYNCINFER_MODELS_FILE": worker_models_file(cfg)},
+                environment={**env, ev.MODELS_FILE: worker_models_file(cfg)},
                 computes=cfg.model_compute,
                 max_concurrent_invocations=cfg.sagemaker_max_concurrent_invocations,
                 log_retention=retention,

@@ -18,6 +18,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from asyncinfer.core import envvars as ev
 from asyncinfer.core import naming
 from infra.components.function import METRICS_NAMESPACE
 from infra.components.model_scopes import ModelScopes
@@ -202,7 +203,7 @@ class EcsWorkers(Construct):
                 ),
                 gpu_count=c.gpus or None,
                 stop_timeout=Duration.seconds(stop_timeout),
-                environment={**environment, "AWS_REGION": Aws.REGION, "ASYNCINFER_COMPUTE": "ecs"},
+                environment={**environment, ev.AWS_REGION: Aws.REGION, ev.COMPUTE: "ecs"},
                 logging=ecs.LogDrivers.aws_logs(stream_prefix=model, log_group=log_group),
                 essential=True,
             )

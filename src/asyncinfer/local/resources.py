@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncinfer.aws import clients
+from asyncinfer.core import envvars as ev
 from asyncinfer.core.settings import Settings
 from asyncinfer.store import QUEUED_INDEX, RUNNING_INDEX, TENANT_INDEX
 from asyncinfer.webhooks.queues import create_webhook_queues
@@ -55,14 +56,14 @@ class Resources:
     def env(self) -> dict[str, str]:
         """The environment variables that point components at these resources."""
         return {
-            "ASYNCINFER_TABLE": self.table,
-            "ASYNCINFER_BUCKET": self.bucket,
-            "ASYNCINFER_TOPIC_ARN": self.topic_arn,
-            "ASYNCINFER_QUEUE_URLS": json.dumps(self.queues),
-            "ASYNCINFER_MODELS": ",".join(self.models),
-            "ASYNCINFER_WEBHOOK_QUEUE_URL": self.webhook_queue,
-            "ASYNCINFER_WEBHOOK_DLQ_URL": self.webhook_dlq,
-            "ASYNCINFER_WEBHOOK_SECRETS_KEY": self.webhook_secrets_key,
+            ev.TABLE: self.table,
+            ev.BUCKET: self.bucket,
+            ev.TOPIC_ARN: self.topic_arn,
+            ev.QUEUE_URLS: json.dumps(self.queues),
+            ev.MODELS: ",".join(self.models),
+            ev.WEBHOOK_QUEUE_URL: self.webhook_queue,
+            ev.WEBHOOK_DLQ_URL: self.webhook_dlq,
+            ev.WEBHOOK_SECRETS_KEY: self.webhook_secrets_key,
         }
 
 
