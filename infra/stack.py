@@ -29,7 +29,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from asyncinfer.core import envvars as ev
-from asyncinfer.core import naming
+from asyncinfer.core import naming, topology
 from infra.components.api import JobsApi
 from infra.components.ecs_workers import EcsWorkers, image_excludes
 from infra.components.function import METRICS_NAMESPACE, PythonFunction, powertools_layer
@@ -45,7 +45,7 @@ from infra.model_compute import grant_weight_read
 from infra.nag import add_suppressions
 
 #: Timeout of the API Lambda: API Gateway's integration timeout is 29 s (``?wait`` holds <= 20 s).
-API_TIMEOUT = Duration.seconds(29)
+API_TIMEOUT = Duration.seconds(topology.FUNCTIONS["api"].timeout_seconds)
 #: Worker soft memory reservation, MiB (fits a 16 GiB g4dn/g5 xlarge next to the ECS agent).
 WORKER_MEMORY_MIB = 8192
 
@@ -165,7 +165,9 @@ class AsyncInferStack(Stack):
         self.events_topic.grant_publish(self.dlq_fn)
         self.queues.grant_dlqs(self.dlq_fn, CONSUME_ACTIONS)
         for model, dlq in self.queues.dlqs.items():
-            _sqs_trigger(scopes.of(self.queues, model), f"{model}-dlq-trigger", self.dlq_fn, dlq)
+            _sqs_trigger(
+                scopes.of(self.queues, model), f"{model}-dlq-trigger", self.dlq_fn, dlq, "dlq"
+            )
 
         self.sweeper_fn = PythonFunction(
             self,
@@ -173,7 +175,7 @@ class AsyncInferStack(Stack):
             code="sweeper",
             service="sweeper",
             environment=env,
-            timeout=Duration.seconds(60),
+            timeout=_timeout("sweeper"),
             description="asyncinfer expiry sweeper: queued jobs past their TTL, running jobs "
             "whose lease lapsed (every minute)",
             reserved_concurrency=reserved["sweeper"],
@@ -186,8 +188,7 @@ class AsyncInferStack(Stack):
         events.Rule(
             self,
             "SweeperSchedule",
-            schedule=events.Schedule.rate(Duration.minutes(1)),
-            targets=[targets.LambdaFunction(self.sweeper_fn, retry_attempts=0)],
+            **_schedule("sweeper", self.sweeper_fn),
         )
 
         self.webhooks = WebhookDelivery(
@@ -224,7 +225,7 @@ class AsyncInferStack(Stack):
                 code="ecs_teardown",
                 service="ecs-teardown",
                 environment=env,
-                timeout=Duration.seconds(120),
+                timeout=_timeout("ecs_teardown"),
                 description="asyncinfer stack deletion: release the GPU group's instances",
                 **fn_common,
             ).function
@@ -270,7 +271,7 @@ class AsyncInferStack(Stack):
                     ev.COMPUTE: "ecs",
                     ev.ECS_CLUSTER: self.ecs.cluster.cluster_name,
                 },
-                timeout=Duration.seconds(30),
+                timeout=_timeout("backlog_metric"),
                 description="asyncinfer backlog-per-task metric (every minute)",
                 tracing=cfg.trace_scheduled_functions,
                 **fn_common,
@@ -283,8 +284,7 @@ class AsyncInferStack(Stack):
             events.Rule(
                 self,
                 "BacklogSchedule",
-                schedule=events.Schedule.rate(Duration.minutes(1)),
-                targets=[targets.LambdaFunction(self.backlog_fn, retry_attempts=0)],
+                **_schedule("backlog_metric", self.backlog_fn),
             )
             workers_metric = {
                 m: cloudwatch.Metric(
@@ -336,14 +336,16 @@ class AsyncInferStack(Stack):
             for key, q in self.queues.class_queues.items():
                 model = key.split("#")[0]
                 trigger_id = f"{key.replace('#', '-')}-bridge-trigger"
-                _sqs_trigger(scopes.of(self.queues, model), trigger_id, self.bridge_fn, q)
+                _sqs_trigger(
+                    scopes.of(self.queues, model), trigger_id, self.bridge_fn, q, "sagemaker_bridge"
+                )
             self.completion_fn = PythonFunction(
                 self,
                 "CompletionFn",
                 code="sagemaker_completion",
                 service="sagemaker-completion",
                 environment=sm_env,
-                timeout=Duration.seconds(60),
+                timeout=_timeout("sagemaker_completion"),
                 description="asyncinfer SageMaker notifications -> job records and events",
                 reserved_concurrency=reserved["completion"],
                 **fn_common,
@@ -421,17 +423,38 @@ def worker_models_file(cfg: DeployConfig) -> str:
         return f"{IMAGE_ROOT}/catalogue/{path.name}"
 
 
-def _sqs_trigger(scope: Construct, id: str, fn: lambda_.IFunction, queue: sqs.IQueue) -> None:
-    """An SQS event source mapping (batches of 10, partial batch failures) in ``scope`` (the
-    queue's model scope, so a large catalogue's mappings do not fill the parent stack). The
-    function's rights on the queues are granted once, by name pattern."""
+def _timeout(code: str) -> Duration:
+    """The topology's timeout of function ``code`` (:mod:`asyncinfer.core.topology`)."""
+    return Duration.seconds(topology.FUNCTIONS[code].timeout_seconds)
+
+
+def _schedule(code: str, fn: lambda_.IFunction) -> dict[str, Any]:
+    """``events.Rule`` arguments of function ``code``'s topology schedule."""
+    schedule = topology.FUNCTIONS[code].schedule()
+    assert schedule is not None, code
+    return {
+        "schedule": events.Schedule.rate(Duration.minutes(schedule.rate_minutes)),
+        "targets": [targets.LambdaFunction(fn, retry_attempts=schedule.retry_attempts)],
+    }
+
+
+def _sqs_trigger(
+    scope: Construct, id: str, fn: lambda_.IFunction, queue: sqs.IQueue, code: str
+) -> None:
+    """The SQS event source mapping of function ``code`` (batch size, window and partial batch
+    failures from the topology) in ``scope`` (the queue's model scope, so a large catalogue's
+    mappings do not fill the parent stack). The function's rights on the queues are granted
+    once, by name pattern."""
+    trigger = topology.FUNCTIONS[code].sqs_trigger()
+    window = trigger.max_batching_window_seconds
     lambda_.EventSourceMapping(
         scope,
         id,
         target=fn,
         event_source_arn=queue.queue_arn,
-        batch_size=10,
-        report_batch_item_failures=True,
+        batch_size=trigger.batch_size,
+        max_batching_window=Duration.seconds(window) if window else None,
+        report_batch_item_failures=trigger.report_batch_item_failures,
     )
 
 

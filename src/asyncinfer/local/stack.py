@@ -33,7 +33,7 @@ import httpx
 
 from asyncinfer.aws import clients
 from asyncinfer.core import envvars as ev
-from asyncinfer.core import logs
+from asyncinfer.core import logs, topology
 from asyncinfer.core.errors import CatalogueError
 from asyncinfer.core.settings import Settings
 from asyncinfer.functions.sweeper import expire_due, take_back_lapsed
@@ -354,7 +354,12 @@ class LocalStack:
                 if self.stop_event.is_set():
                     return
                 try:
-                    pump_once(sqs, url, lambda ev: pool.invoke(DLQ_HANDLER, ev, "dlq"))
+                    pump_once(
+                        sqs,
+                        url,
+                        lambda ev: pool.invoke(DLQ_HANDLER, ev, "dlq"),
+                        batch_size=topology.FUNCTIONS["dlq"].sqs_trigger().batch_size,
+                    )
                 except Exception:
                     if self.stop_event.is_set():
                         return
@@ -369,7 +374,12 @@ class LocalStack:
         sqs = clients.client("sqs", self.settings)
         while not self.stop_event.is_set():
             try:
-                pump_once(sqs, url, lambda ev: pool.invoke(WEBHOOK_HANDLER, ev, "webhooks"))
+                pump_once(
+                    sqs,
+                    url,
+                    lambda ev: pool.invoke(WEBHOOK_HANDLER, ev, "webhooks"),
+                    batch_size=topology.FUNCTIONS["webhooks"].sqs_trigger().batch_size,
+                )
             except Exception:
                 if self.stop_event.is_set():
                     return
