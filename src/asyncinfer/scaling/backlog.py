@@ -53,12 +53,12 @@ class BacklogConfig:
         docstring). Raises :class:`ConfigError` for malformed settings."""
         from asyncinfer.core.settings import Settings
 
-        settings = Settings.from_env(env)
+        part = Settings.from_env(env).scaling
         return cls(
-            queue_urls=dict(settings.queue_urls),
-            cluster=settings.ecs_cluster,
-            services=dict(settings.ecs_services),
-            region=settings.region,
+            queue_urls=dict(part.queue_urls),
+            cluster=part.ecs_cluster,
+            services=dict(part.ecs_services),
+            region=part.region,
         )
 
 
