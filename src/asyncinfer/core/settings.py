@@ -75,7 +75,7 @@ Environment variables (all optional unless a component needs the resource):
                                     default with the prefix and ``compute=sagemaker``: the rule)
 ``ASYNCINFER_WAKE_CACHE_SECONDS``   how long wake-on-submit trusts "not at zero", seconds (30)
 ``AWS_ENDPOINT_URL``                AWS endpoint (the local stack's emulator); unset in AWS
-``AWS_REGION``                      region (us-east-1)
+``AWS_REGION``                      region, else ``AWS_DEFAULT_REGION`` (us-east-1)
 ==================================  ===========================================================
 """
 
