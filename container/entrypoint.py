@@ -7,7 +7,6 @@ the container with the argument ``serve``).
 
 from __future__ import annotations
 
-import os
 import sys
 
 
@@ -18,9 +17,17 @@ def main(argv: list[str]) -> int:
         from asyncinfer.worker.__main__ import main as worker_main
 
         if "--model" not in rest:
-            models = [m for m in os.environ.get("ASYNCINFER_MODELS", "").split(",") if m]
+            from asyncinfer.core import envvars
+            from asyncinfer.core.errors import ConfigError
+            from asyncinfer.core.settings import get_settings
+
+            try:
+                models = get_settings().models
+            except ConfigError as exc:
+                print(f"worker: {exc}", file=sys.stderr)
+                return 2
             if len(models) != 1:
-                print("worker: pass --model ID or set ASYNCINFER_MODELS to one id", file=sys.stderr)
+                print(f"worker: pass --model ID or set {envvars.MODELS} to one id", file=sys.stderr)
                 return 2
             rest = ["--model", models[0], *rest]
         return worker_main(rest)

@@ -2,9 +2,11 @@
 Docker, no pip download. Each asset directory holds
 
 * ``asyncinfer/``: the shared package from ``src/`` (without caches);
-* the ``ulid`` package (python-ulid; pure Python) and ``yaml`` (PyYAML, which the model
-  catalogue needs; its optional C extension is skipped, the pure-Python loader runs) copied from
-  the current environment, because the Powertools layer does not ship them;
+* the ``ulid`` package (python-ulid; pure Python), ``yaml`` (PyYAML, which the model
+  catalogue needs; its optional C extension is skipped, the pure-Python loader runs) and
+  ``pydantic_settings`` with its pure-Python dependencies ``dotenv`` and ``typing_inspection``
+  (the settings object, :mod:`asyncinfer.core.settings`) copied from the current environment,
+  because the Powertools layer does not ship them;
 * the default model catalogue, ``asyncinfer/models/models.yaml`` (in the repository a link to the
   root ``models.yaml``; copied here as a file);
 * the files of ``lambdas/<name>/`` at the top level, so the handler is ``app.handler``.
@@ -25,7 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".mypy_cache", ".ruff_cache")
 #: Packages every asset gets: the shared package imports them at module level (pure-Python
 #: fallbacks only).
-ALWAYS_VENDORED = ("yaml",)
+ALWAYS_VENDORED = ("yaml", "pydantic_settings", "dotenv", "typing_inspection")
 _IGNORE_VENDORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", "*.so")
 _staged: dict[str, Path] = {}
 _root: Path | None = None

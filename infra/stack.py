@@ -29,7 +29,8 @@ from aws_cdk import aws_sns_subscriptions as subs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from asyncinfer.core import naming
+from asyncinfer.core import envvars as ev
+from asyncinfer.core import naming, topology
 from infra.components.api import JobsApi
 from infra.components.ecs_workers import EcsWorkers, image_excludes
 from infra.components.function import METRICS_NAMESPACE, PythonFunction, powertools_layer
@@ -45,7 +46,7 @@ from infra.model_compute import grant_weight_read
 from infra.nag import add_suppressions
 
 #: Timeout of the API Lambda: API Gateway's integration timeout is 29 s (``?wait`` holds <= 20 s).
-API_TIMEOUT = Duration.seconds(29)
+API_TIMEOUT = Duration.seconds(topology.FUNCTIONS["api"].timeout_seconds)
 #: Worker soft memory reservation, MiB (fits a 16 GiB g4dn/g5 xlarge next to the ECS agent).
 WORKER_MEMORY_MIB = 8192
 
@@ -97,22 +98,22 @@ class AsyncInferStack(Stack):
             scopes=scopes,
         )
         env = {
-            "ASYNCINFER_TABLE": self.table.table_name,
-            "ASYNCINFER_BUCKET": self.bucket.bucket_name,
-            "ASYNCINFER_TOPIC_ARN": self.events_topic.topic_arn,
+            ev.TABLE: self.table.table_name,
+            ev.BUCKET: self.bucket.bucket_name,
+            ev.TOPIC_ARN: self.events_topic.topic_arn,
             # Queue URLs, service and endpoint names follow from these (asyncinfer.core.naming): a
             # constant size, not a map growing per model (Lambda: 4 KB of environment in all).
-            "ASYNCINFER_RESOURCE_PREFIX": prefix,
-            "ASYNCINFER_QUEUE_URL_BASE": self.queues.url_base(),
-            "ASYNCINFER_MODELS": ",".join(models),
-            "ASYNCINFER_MAX_RECEIVE_COUNT": str(cfg.max_receive_count),
-            "ASYNCINFER_VISIBILITY_TIMEOUT": str(cfg.visibility_timeout),
-            "ASYNCINFER_HEARTBEAT_SECONDS": f"{cfg.effective_heartbeat:g}",
-            "ASYNCINFER_RECORD_RETENTION": str(cfg.record_retention_days * 86400),
-            "ASYNCINFER_COMPUTE": cfg.compute,
+            ev.RESOURCE_PREFIX: prefix,
+            ev.QUEUE_URL_BASE: self.queues.url_base(),
+            ev.MODELS: ",".join(models),
+            ev.MAX_RECEIVE_COUNT: str(cfg.max_receive_count),
+            ev.VISIBILITY_TIMEOUT: str(cfg.visibility_timeout),
+            ev.HEARTBEAT_SECONDS: f"{cfg.effective_heartbeat:g}",
+            ev.RECORD_RETENTION: str(cfg.record_retention_days * 86400),
+            ev.COMPUTE: cfg.compute,
         }
         if cfg.input_locations:
-            env["ASYNCINFER_INPUT_LOCATIONS"] = ",".join(cfg.input_locations)
+            env[ev.INPUT_LOCATIONS] = ",".join(cfg.input_locations)
         fn_common: dict[str, Any] = {
             "models_file": cfg.models_path,
             "layer": layer,
@@ -183,7 +184,9 @@ class AsyncInferStack(Stack):
         self.events_topic.grant_publish(self.dlq_fn)
         self.queues.grant_dlqs(self.dlq_fn, CONSUME_ACTIONS)
         for model, dlq in self.queues.dlqs.items():
-            _sqs_trigger(scopes.of(self.queues, model), f"{model}-dlq-trigger", self.dlq_fn, dlq)
+            _sqs_trigger(
+                scopes.of(self.queues, model), f"{model}-dlq-trigger", self.dlq_fn, dlq, "dlq"
+            )
 
         self.sweeper_fn = PythonFunction(
             self,
@@ -191,7 +194,7 @@ class AsyncInferStack(Stack):
             code="sweeper",
             service="sweeper",
             environment=env,
-            timeout=Duration.seconds(60),
+            timeout=_timeout("sweeper"),
             description="asyncinfer expiry sweeper: queued jobs past their TTL, running jobs "
             "whose lease lapsed (every minute)",
             reserved_concurrency=reserved["sweeper"],
@@ -204,8 +207,7 @@ class AsyncInferStack(Stack):
         events.Rule(
             self,
             "SweeperSchedule",
-            schedule=events.Schedule.rate(Duration.minutes(1)),
-            targets=[targets.LambdaFunction(self.sweeper_fn, retry_attempts=0)],
+            **_schedule("sweeper", self.sweeper_fn),
         )
 
         self.webhooks = WebhookDelivery(
@@ -233,8 +235,8 @@ class AsyncInferStack(Stack):
         if cfg.compute == "ecs":
             worker_env = {
                 **env,
-                "ASYNCINFER_DRAIN_SECONDS": str(cfg.drain_seconds),
-                "ASYNCINFER_MODELS_FILE": worker_models_file(cfg),
+                ev.DRAIN_SECONDS: str(cfg.drain_seconds),
+                ev.MODELS_FILE: worker_models_file(cfg),
             }
             release_fn = PythonFunction(
                 self,
@@ -242,7 +244,7 @@ class AsyncInferStack(Stack):
                 code="ecs_teardown",
                 service="ecs-teardown",
                 environment=env,
-                timeout=Duration.seconds(120),
+                timeout=_timeout("ecs_teardown"),
                 description="asyncinfer stack deletion: release the GPU group's instances",
                 **fn_common,
             ).function
@@ -282,13 +284,13 @@ class AsyncInferStack(Stack):
                 code="backlog_metric",
                 service="backlog-metric",
                 environment={
-                    "ASYNCINFER_RESOURCE_PREFIX": prefix,
-                    "ASYNCINFER_QUEUE_URL_BASE": self.queues.url_base(),
-                    "ASYNCINFER_MODELS": ",".join(models),
-                    "ASYNCINFER_COMPUTE": "ecs",
-                    "ASYNCINFER_ECS_CLUSTER": self.ecs.cluster.cluster_name,
+                    ev.RESOURCE_PREFIX: prefix,
+                    ev.QUEUE_URL_BASE: self.queues.url_base(),
+                    ev.MODELS: ",".join(models),
+                    ev.COMPUTE: "ecs",
+                    ev.ECS_CLUSTER: self.ecs.cluster.cluster_name,
                 },
-                timeout=Duration.seconds(30),
+                timeout=_timeout("backlog_metric"),
                 description="asyncinfer backlog-per-task metric (every minute)",
                 tracing=cfg.trace_scheduled_functions,
                 **fn_common,
@@ -297,12 +299,11 @@ class AsyncInferStack(Stack):
             self.ecs.grant_describe_services(self.backlog_fn)
             # Wake-on-submit: the API takes a service at zero to one task at once.
             self.ecs.grant_wake(self.api_fn)
-            self.api_fn.add_environment("ASYNCINFER_ECS_CLUSTER", self.ecs.cluster.cluster_name)
+            self.api_fn.add_environment(ev.ECS_CLUSTER, self.ecs.cluster.cluster_name)
             events.Rule(
                 self,
                 "BacklogSchedule",
-                schedule=events.Schedule.rate(Duration.minutes(1)),
-                targets=[targets.LambdaFunction(self.backlog_fn, retry_attempts=0)],
+                **_schedule("backlog_metric", self.backlog_fn),
             )
             workers_metric = {
                 m: cloudwatch.Metric(
@@ -326,7 +327,7 @@ class AsyncInferStack(Stack):
                 bucket=self.bucket,
                 success_topic=success,
                 error_topic=error,
-                environment={**env, "ASYNCINFER_MODELS_FILE": worker_models_file(cfg)},
+                environment={**env, ev.MODELS_FILE: worker_models_file(cfg)},
                 computes=cfg.model_compute,
                 max_concurrent_invocations=cfg.sagemaker_max_concurrent_invocations,
                 log_retention=retention,
@@ -354,14 +355,16 @@ class AsyncInferStack(Stack):
             for key, q in self.queues.class_queues.items():
                 model = key.split("#")[0]
                 trigger_id = f"{key.replace('#', '-')}-bridge-trigger"
-                _sqs_trigger(scopes.of(self.queues, model), trigger_id, self.bridge_fn, q)
+                _sqs_trigger(
+                    scopes.of(self.queues, model), trigger_id, self.bridge_fn, q, "sagemaker_bridge"
+                )
             self.completion_fn = PythonFunction(
                 self,
                 "CompletionFn",
                 code="sagemaker_completion",
                 service="sagemaker-completion",
                 environment=sm_env,
-                timeout=Duration.seconds(60),
+                timeout=_timeout("sagemaker_completion"),
                 description="asyncinfer SageMaker notifications -> job records and events",
                 reserved_concurrency=reserved["completion"],
                 **fn_common,
@@ -439,17 +442,38 @@ def worker_models_file(cfg: DeployConfig) -> str:
         return f"{IMAGE_ROOT}/catalogue/{path.name}"
 
 
-def _sqs_trigger(scope: Construct, id: str, fn: lambda_.IFunction, queue: sqs.IQueue) -> None:
-    """An SQS event source mapping (batches of 10, partial batch failures) in ``scope`` (the
-    queue's model scope, so a large catalogue's mappings do not fill the parent stack). The
-    function's rights on the queues are granted once, by name pattern."""
+def _timeout(code: str) -> Duration:
+    """The topology's timeout of function ``code`` (:mod:`asyncinfer.core.topology`)."""
+    return Duration.seconds(topology.FUNCTIONS[code].timeout_seconds)
+
+
+def _schedule(code: str, fn: lambda_.IFunction) -> dict[str, Any]:
+    """``events.Rule`` arguments of function ``code``'s topology schedule."""
+    schedule = topology.FUNCTIONS[code].schedule()
+    assert schedule is not None, code
+    return {
+        "schedule": events.Schedule.rate(Duration.minutes(schedule.rate_minutes)),
+        "targets": [targets.LambdaFunction(fn, retry_attempts=schedule.retry_attempts)],
+    }
+
+
+def _sqs_trigger(
+    scope: Construct, id: str, fn: lambda_.IFunction, queue: sqs.IQueue, code: str
+) -> None:
+    """The SQS event source mapping of function ``code`` (batch size, window and partial batch
+    failures from the topology) in ``scope`` (the queue's model scope, so a large catalogue's
+    mappings do not fill the parent stack). The function's rights on the queues are granted
+    once, by name pattern."""
+    trigger = topology.FUNCTIONS[code].sqs_trigger()
+    window = trigger.max_batching_window_seconds
     lambda_.EventSourceMapping(
         scope,
         id,
         target=fn,
         event_source_arn=queue.queue_arn,
-        batch_size=10,
-        report_batch_item_failures=True,
+        batch_size=trigger.batch_size,
+        max_batching_window=Duration.seconds(window) if window else None,
+        report_batch_item_failures=trigger.report_batch_item_failures,
     )
 
 

@@ -18,6 +18,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from asyncinfer.core import envvars as ev
 from asyncinfer.core import naming
 from infra.components.ecs_instances import WEIGHTS_CACHE_PATH, instance_user_data
 from infra.components.function import METRICS_NAMESPACE
@@ -208,9 +209,9 @@ class EcsWorkers(Construct):
                 stop_timeout=Duration.seconds(stop_timeout),
                 environment={
                     **environment,
-                    "AWS_REGION": Aws.REGION,
-                    "ASYNCINFER_COMPUTE": "ecs",
-                    "ASYNCINFER_WEIGHTS_CACHE": WEIGHTS_CACHE_PATH,
+                    ev.AWS_REGION: Aws.REGION,
+                    ev.COMPUTE: "ecs",
+                    ev.WEIGHTS_CACHE: WEIGHTS_CACHE_PATH,
                 },
                 logging=ecs.LogDrivers.aws_logs(stream_prefix=model, log_group=log_group),
                 essential=True,

@@ -13,6 +13,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
+from asyncinfer.core import envvars as ev
 from infra.lambda_code import catalogue_path_in_asset, stage_lambda_code
 
 #: The Lambda runtime; the Powertools layer is built per Python version (``python312``).
@@ -119,7 +120,7 @@ class PythonFunction(Construct):
             **environment,
         }
         if models_file is not None:
-            env["ASYNCINFER_MODELS_FILE"] = f"/var/task/{catalogue_path_in_asset(models_file)}"
+            env[ev.MODELS_FILE] = f"/var/task/{catalogue_path_in_asset(models_file)}"
         self.function = lambda_.Function(
             self,
             "Function",

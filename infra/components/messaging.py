@@ -11,7 +11,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from asyncinfer.core import naming
+from asyncinfer.core import naming, topology
 from infra.components.model_scopes import ModelScopes
 
 #: Actions of CDK's grantConsumeMessages / grantSendMessages (SQS-managed SSE: no KMS).
@@ -24,14 +24,16 @@ CONSUME_ACTIONS = (
 )
 SEND_ACTIONS = ("sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl")
 
+#: The job queues and their DLQs as the topology has them (:mod:`asyncinfer.core.topology`;
+#: the local stack creates the same).
+JOB_QUEUE = topology.QUEUES["jobs"]
+JOB_DLQ = topology.QUEUES["jobs-dlq"]
 #: SQS retention maximum (14 days) for dead-letter queues, so nothing is lost before triage.
-DLQ_RETENTION = Duration.days(14)
+DLQ_RETENTION = Duration.seconds(JOB_DLQ.retention_seconds)
 #: Job queue retention: longer than the longest job TTL of the spec (259200 s = 3 days).
-QUEUE_RETENTION = Duration.days(4)
-
-
+QUEUE_RETENTION = Duration.seconds(JOB_QUEUE.retention_seconds)
 #: Priority classes with a queue of their own (spec: ``priority`` high | normal | low).
-PRIORITIES = ("normal", "high", "low")
+PRIORITIES = topology.PRIORITIES
 
 
 class ModelQueues(Construct):
@@ -91,7 +93,7 @@ class ModelQueues(Construct):
                     enforce_ssl=True,
                     retention_period=QUEUE_RETENTION,
                     visibility_timeout=visibility_timeout,
-                    receive_message_wait_time=Duration.seconds(20),
+                    receive_message_wait_time=Duration.seconds(JOB_QUEUE.receive_wait_seconds),
                     dead_letter_queue=sqs.DeadLetterQueue(
                         queue=dlq, max_receive_count=max_receive_count
                     ),

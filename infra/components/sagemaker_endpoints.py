@@ -19,6 +19,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from asyncinfer.core import envvars as ev
 from asyncinfer.core import naming
 from infra.components.model_scopes import ModelScopes
 from infra.model_compute import ModelCompute, grant_weight_read
@@ -150,8 +151,8 @@ class SageMakerEndpoints(Construct):
                     image=image.image_uri,
                     environment={
                         **environment,
-                        "ASYNCINFER_MODELS": model,
-                        "ASYNCINFER_COMPUTE": "sagemaker",
+                        ev.MODELS: model,
+                        ev.COMPUTE: "sagemaker",
                     },
                 ),
             )

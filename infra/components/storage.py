@@ -7,12 +7,23 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-#: Table design of :mod:`asyncinfer.store` (partition key, GSI, TTL attribute).
-PARTITION_KEY = "job_id"
-TENANT_INDEX = "tenant-index"
-QUEUED_INDEX = "queued-expiry-index"
-RUNNING_INDEX = "running-lease-index"
-TTL_ATTRIBUTE = "ttl"
+from asyncinfer.core import topology
+
+#: Table design of :mod:`asyncinfer.store`: the topology's (:mod:`asyncinfer.core.topology`),
+#: which the local stack creates too.
+PARTITION_KEY = topology.JOB_TABLE.partition.name
+TENANT_INDEX = topology.TENANT_INDEX
+QUEUED_INDEX = topology.QUEUED_INDEX
+RUNNING_INDEX = topology.RUNNING_INDEX
+TTL_ATTRIBUTE = topology.JOB_TABLE.ttl_attribute
+_TYPES = {"S": dynamodb.AttributeType.STRING, "N": dynamodb.AttributeType.NUMBER}
+_PROJECTIONS = {"ALL": dynamodb.ProjectionType.ALL, "KEYS_ONLY": dynamodb.ProjectionType.KEYS_ONLY}
+
+
+def _attribute(key: topology.Key) -> dynamodb.Attribute:
+    return dynamodb.Attribute(name=key.name, type=_TYPES[key.type])
+
+
 #: Key prefixes of the bucket (:mod:`asyncinfer` writes inputs and outputs under these).
 EXPIRING_PREFIXES = ("inputs/", "outputs/", "uploads/")
 
@@ -34,9 +45,7 @@ class JobTable(Construct):
         self.table = dynamodb.Table(
             self,
             "Table",
-            partition_key=dynamodb.Attribute(
-                name=PARTITION_KEY, type=dynamodb.AttributeType.STRING
-            ),
+            partition_key=_attribute(topology.JOB_TABLE.partition),
             billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
             time_to_live_attribute=TTL_ATTRIBUTE,
             point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
@@ -46,30 +55,13 @@ class JobTable(Construct):
             deletion_protection=removal_policy == RemovalPolicy.RETAIN,
             removal_policy=removal_policy,
         )
-        self.table.add_global_secondary_index(
-            index_name=TENANT_INDEX,
-            partition_key=dynamodb.Attribute(name="tenant", type=dynamodb.AttributeType.STRING),
-            sort_key=dynamodb.Attribute(name=PARTITION_KEY, type=dynamodb.AttributeType.STRING),
-            projection_type=dynamodb.ProjectionType.ALL,
-        )
-        self.table.add_global_secondary_index(
-            index_name=QUEUED_INDEX,
-            partition_key=dynamodb.Attribute(
-                name="queued_mark", type=dynamodb.AttributeType.STRING
-            ),
-            sort_key=dynamodb.Attribute(name="expires_epoch", type=dynamodb.AttributeType.NUMBER),
-            projection_type=dynamodb.ProjectionType.KEYS_ONLY,
-        )
-        self.table.add_global_secondary_index(
-            index_name=RUNNING_INDEX,
-            partition_key=dynamodb.Attribute(
-                name="running_mark", type=dynamodb.AttributeType.STRING
-            ),
-            sort_key=dynamodb.Attribute(
-                name="lease_expires_epoch", type=dynamodb.AttributeType.NUMBER
-            ),
-            projection_type=dynamodb.ProjectionType.KEYS_ONLY,
-        )
+        for index in topology.JOB_TABLE.indexes:
+            self.table.add_global_secondary_index(
+                index_name=index.name,
+                partition_key=_attribute(index.partition),
+                sort_key=_attribute(index.sort) if index.sort else None,
+                projection_type=_PROJECTIONS[index.projection],
+            )
 
 
 class DataBucket(Construct):

@@ -22,6 +22,7 @@ from aws_cdk import aws_sns_subscriptions as subs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from asyncinfer.core import envvars as ev
 from asyncinfer.webhooks import queues, secrets
 from infra.components.function import PythonFunction
 
@@ -151,8 +152,8 @@ class WebhookDelivery(Construct):
             service="asyncinfer-webhooks",
             environment={
                 **environment,
-                "ASYNCINFER_WEBHOOK_QUEUE_URL": self.queue.queue_url,
-                "ASYNCINFER_WEBHOOK_DLQ_URL": self.dlq.queue_url,
+                ev.WEBHOOK_QUEUE_URL: self.queue.queue_url,
+                ev.WEBHOOK_DLQ_URL: self.dlq.queue_url,
             },
             timeout=DISPATCHER_TIMEOUT,
             description="asyncinfer webhook dispatcher (signed, SSRF-checked, retried 24 h)",
@@ -208,4 +209,4 @@ class WebhookDelivery(Construct):
                 conditions=SECRETS_CONDITION,
             )
         )
-        function.add_environment("ASYNCINFER_WEBHOOK_SECRETS_KEY", self.secrets_key.key_arn)
+        function.add_environment(ev.WEBHOOK_SECRETS_KEY, self.secrets_key.key_arn)

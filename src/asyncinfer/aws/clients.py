@@ -16,6 +16,7 @@ import boto3
 from botocore.config import Config
 
 from asyncinfer.core.settings import Settings, get_settings
+from asyncinfer.core.settings_parts import AwsPart
 
 _lock = threading.Lock()
 _cache: dict[tuple[str, str | None, str], Any] = {}
@@ -29,8 +30,10 @@ _CONFIG = Config(
 )
 
 
-def client(service: str, settings: Settings | None = None) -> Any:
-    """A cached boto3 client for ``service`` ("sqs", "dynamodb", "s3", "sns", ...)."""
+def client(service: str, settings: Settings | AwsPart | None = None) -> Any:
+    """A cached boto3 client for ``service`` ("sqs", "dynamodb", "s3", "sns", ...), for the
+    endpoint and region of ``settings`` (the whole settings or a component's part; default
+    :func:`get_settings`)."""
     global _session
     s = settings or get_settings()
     key = (service, s.endpoint_url, s.region)

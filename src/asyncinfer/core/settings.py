@@ -1,5 +1,12 @@
 """The one settings object. Every component reads the environment here and nowhere else.
 
+Built on pydantic-settings: one field per variable, the variable's name its alias (the names
+themselves live in :mod:`asyncinfer.core.envvars`, which the CDK app and the local stack use to
+set them). A malformed value is a :class:`~asyncinfer.core.errors.ConfigError` naming the
+variable. Each component takes the part it reads (:mod:`asyncinfer.core.settings_parts`:
+``settings.api``, ``.worker``, ``.webhooks``, ``.sweeper``, ``.scaling``). Booleans take
+``1/0``, ``true/false``, ``yes/no``, ``on/off``.
+
 Environment variables (all optional unless a component needs the resource):
 
 ==================================  ===========================================================
@@ -47,8 +54,11 @@ Environment variables (all optional unless a component needs the resource):
 ``ASYNCINFER_TOKEN_BUDGET``         generation: most KV cache entries of a batch, padding
                                     included: jobs x the largest prompt + max_new_tokens
                                     (32768); a job over it alone fails
-``ASYNCINFER_ECHO_BATCHING``       ``0``: the echo model runs one job at a time (default ``1``:
+``ASYNCINFER_ECHO_BATCHING``        ``0``: the echo model runs one job at a time (default ``1``:
                                     the items of a batch together)
+``ASYNCINFER_BUSY_FILE``            the local stack: where a worker writes ``1``/``0`` (busy/idle)
+                                    for the local autoscaler (scale-in protection's stand-in)
+``ECS_AGENT_URI``                   set by ECS in a task: the agent endpoint of scale-in protection
 ``ASYNCINFER_LOCAL``                ``1`` on the local stack: webhooks may use http and loopback
 ``ASYNCINFER_EMULATOR_FAULTS``      tests only: ``1``, the local stack's emulator answers the
                                     injected SNS/S3 faults of its state directory's faults file
@@ -68,7 +78,7 @@ Environment variables (all optional unless a component needs the resource):
                                     default with the prefix and ``compute=sagemaker``: the rule)
 ``ASYNCINFER_WAKE_CACHE_SECONDS``   how long wake-on-submit trusts "not at zero", seconds (30)
 ``AWS_ENDPOINT_URL``                AWS endpoint (the local stack's emulator); unset in AWS
-``AWS_REGION``                      region (us-east-1)
+``AWS_REGION``                      region, else ``AWS_DEFAULT_REGION`` (us-east-1)
 ==================================  ===========================================================
 """
 
@@ -80,12 +90,27 @@ import os
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
+from asyncinfer.core import envvars as ev
 from asyncinfer.core import naming
 from asyncinfer.core.errors import ConfigError
+from asyncinfer.core.settings_parts import (
+    ApiSettings,
+    ScalingSettings,
+    SweeperSettings,
+    WebhookSettings,
+    WorkerSettings,
+)
 
 #: The inline limit of outputs in the job object, bytes of JSON (spec: "at most 64 KB").
 INLINE_OUTPUT_LIMIT_BYTES = 64 * 1024
@@ -93,56 +118,129 @@ INLINE_OUTPUT_LIMIT_BYTES = 64 * 1024
 #: slow AWS call, a GC pause) before the sweeper takes its job back.
 LEASE_HEARTBEATS = 3
 
+#: A comma list in one variable (``a,b``), not JSON.
+CommaList = Annotated[list[str], NoDecode]
+#: A JSON object ``{model: name}`` in one variable.
+NameMap = Annotated[dict[str, str], NoDecode]
 
-class Settings(BaseModel):
-    """Runtime settings. Build with :meth:`from_env`; tests may build one directly."""
 
-    table_name: str = ""
-    bucket: str = ""
-    topic_arn: str = ""
-    queue_urls: dict[str, str] = Field(default_factory=dict)
-    resource_prefix: str = ""
-    queue_url_base: str = ""
-    models: list[str] = Field(default_factory=list)
-    models_file: Path | None = None
-    max_receive_count: int = 3
-    visibility_timeout_seconds: int = 120
-    heartbeat_seconds: float = 0.0
-    lease_seconds: float = 0.0
-    sweep_seconds: float = 5.0
-    receive_wait_seconds: int = 20
-    receive_max_messages: int = 10
-    drain_seconds: float = 10.0
-    retry_delay_seconds: float = 2.0
-    inline_input_limit_bytes: int = 64 * 1024
-    record_retention_seconds: int = 30 * 24 * 3600
-    max_input_bytes: int = 64 * 1024 * 1024
-    input_locations: list[str] = Field(default_factory=list)
-    submit_lease_seconds: int = 120
-    max_waits_per_tenant: int = 10
-    model_cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "asyncinfer")
-    weights_cache_dir: Path | None = None
-    max_batch_size: int = 0
-    max_wait_ms: float = 50.0
-    token_budget: int = 32768
-    echo_batching: bool = True
-    local_mode: bool = False
+class Settings(BaseSettings):
+    """Runtime settings. Build with :meth:`from_env`; tests may build one directly with field
+    names (``Settings(visibility_timeout_seconds=30)``), which reads no environment.
+
+    Each field's ``validation_alias`` is its environment variable; fields without one
+    (``receive_max_messages``) are set in code only. Limits in ``Field(...)`` come from the AWS
+    quotas named in the table above (SQS: visibility timeout 0..43200 s, WaitTimeSeconds 0..20,
+    maxReceiveCount 1..1000; webhook retry delay at most SQS's 12 h visibility).
+    """
+
+    model_config = SettingsConfigDict(
+        populate_by_name=True,
+        extra="ignore",
+        case_sensitive=True,
+        env_ignore_empty=True,
+    )
+
+    table_name: str = Field("", validation_alias=ev.TABLE)
+    bucket: str = Field("", validation_alias=ev.BUCKET)
+    topic_arn: str = Field("", validation_alias=ev.TOPIC_ARN)
+    queue_urls: NameMap = Field(default_factory=dict, validation_alias=ev.QUEUE_URLS)
+    resource_prefix: str = Field("", validation_alias=ev.RESOURCE_PREFIX)
+    queue_url_base: str = Field("", validation_alias=ev.QUEUE_URL_BASE)
+    models: CommaList = Field(default_factory=list, validation_alias=ev.MODELS)
+    models_file: Path | None = Field(None, validation_alias=ev.MODELS_FILE)
+    max_receive_count: int = Field(3, ge=1, le=1000, validation_alias=ev.MAX_RECEIVE_COUNT)
+    visibility_timeout_seconds: int = Field(
+        120, ge=0, le=43200, validation_alias=ev.VISIBILITY_TIMEOUT
+    )
+    heartbeat_seconds: float = Field(0.0, ge=0, validation_alias=ev.HEARTBEAT_SECONDS)
+    lease_seconds: float = Field(0.0, ge=0, validation_alias=ev.LEASE_SECONDS)
+    sweep_seconds: float = Field(5.0, gt=0, validation_alias=ev.SWEEP_SECONDS)
+    receive_wait_seconds: int = Field(20, ge=0, le=20, validation_alias=ev.RECEIVE_WAIT)
+    receive_max_messages: int = Field(10, ge=1, le=10)
+    drain_seconds: float = Field(10.0, ge=0, validation_alias=ev.DRAIN_SECONDS)
+    retry_delay_seconds: float = Field(2.0, ge=0, validation_alias=ev.RETRY_DELAY)
+    inline_input_limit_bytes: int = Field(64 * 1024, ge=0, validation_alias=ev.INLINE_INPUT_BYTES)
+    record_retention_seconds: int = Field(
+        30 * 24 * 3600, gt=0, validation_alias=ev.RECORD_RETENTION
+    )
+    max_input_bytes: int = Field(64 * 1024 * 1024, gt=0, validation_alias=ev.MAX_INPUT_BYTES)
+    input_locations: CommaList = Field(default_factory=list, validation_alias=ev.INPUT_LOCATIONS)
+    submit_lease_seconds: int = Field(120, gt=0, validation_alias=ev.SUBMIT_LEASE)
+    max_waits_per_tenant: int = Field(10, ge=0, validation_alias=ev.MAX_WAITS_PER_TENANT)
+    model_cache_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "asyncinfer",
+        validation_alias=ev.MODEL_CACHE,
+    )
+    weights_cache_dir: Path | None = Field(None, validation_alias=ev.WEIGHTS_CACHE)
+    max_batch_size: int = Field(0, ge=0, validation_alias=ev.MAX_BATCH_SIZE)
+    max_wait_ms: float = Field(50.0, ge=0, validation_alias=ev.MAX_WAIT_MS)
+    token_budget: int = Field(32768, ge=0, validation_alias=ev.TOKEN_BUDGET)
+    echo_batching: bool = Field(True, validation_alias=ev.ECHO_BATCHING)
+    #: Where a worker writes ``1``/``0`` (busy/idle) for the local autoscaler; unset in AWS.
+    busy_file: str = Field("", validation_alias=ev.BUSY_FILE)
+    #: ECS's task agent endpoint (set by ECS in the task); scale-in protection goes there.
+    ecs_agent_uri: str = Field("", validation_alias=ev.ECS_AGENT_URI)
+    local_mode: bool = Field(False, validation_alias=ev.LOCAL)
     #: Test-only: the local stack's emulator answers injected SNS/S3 faults
     #: (asyncinfer.local.faults; ``ASYNCINFER_EMULATOR_FAULTS=1``). Off by default.
-    local_emulator_faults: bool = False
-    webhook_queue_url: str = ""
-    webhook_dlq_url: str = ""
-    webhook_secrets_key: str = ""
-    webhook_retry_base_seconds: float = 5.0
-    webhook_retry_max_delay_seconds: float = 3600.0
-    webhook_retry_window_seconds: float = 24 * 3600.0
-    compute: str = ""
-    ecs_cluster: str = ""
-    ecs_services: dict[str, str] = Field(default_factory=dict)
-    sagemaker_endpoints: dict[str, str] = Field(default_factory=dict)
-    wake_cache_seconds: float = 30.0
-    endpoint_url: str | None = None
-    region: str = "us-east-1"
+    local_emulator_faults: bool = Field(False, validation_alias=ev.EMULATOR_FAULTS)
+    webhook_queue_url: str = Field("", validation_alias=ev.WEBHOOK_QUEUE_URL)
+    webhook_dlq_url: str = Field("", validation_alias=ev.WEBHOOK_DLQ_URL)
+    webhook_secrets_key: str = Field("", validation_alias=ev.WEBHOOK_SECRETS_KEY)
+    webhook_retry_base_seconds: float = Field(5.0, gt=0, validation_alias=ev.WEBHOOK_RETRY_BASE)
+    webhook_retry_max_delay_seconds: float = Field(
+        3600.0, gt=0, le=43200, validation_alias=ev.WEBHOOK_RETRY_MAX
+    )
+    webhook_retry_window_seconds: float = Field(
+        24 * 3600.0, gt=0, validation_alias=ev.WEBHOOK_RETRY_WINDOW
+    )
+    compute: Literal["", "ecs", "sagemaker"] = Field("", validation_alias=ev.COMPUTE)
+    ecs_cluster: str = Field("", validation_alias=ev.ECS_CLUSTER)
+    ecs_services: NameMap = Field(default_factory=dict, validation_alias=ev.ECS_SERVICES)
+    sagemaker_endpoints: NameMap = Field(
+        default_factory=dict, validation_alias=ev.SAGEMAKER_ENDPOINTS
+    )
+    wake_cache_seconds: float = Field(30.0, ge=0, validation_alias=ev.WAKE_CACHE_SECONDS)
+    endpoint_url: str | None = Field(None, validation_alias=ev.AWS_ENDPOINT_URL)
+    region: str = Field(
+        "us-east-1", validation_alias=AliasChoices(ev.AWS_REGION, ev.AWS_DEFAULT_REGION)
+    )
+
+    @field_validator("models", "input_locations", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        """``a, b,,c`` -> ``["a", "b", "c"]`` (a list is taken as it is)."""
+        if isinstance(value, str):
+            return [x.strip() for x in value.split(",") if x.strip()]
+        return value
+
+    @field_validator("queue_urls", "ecs_services", "sagemaker_endpoints", mode="before")
+    @classmethod
+    def _json_object(cls, value: Any) -> Any:
+        """A JSON object (or a mapping) ``{model: name}``, keys and values as strings."""
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError("is not a JSON object {model: name}") from None
+        if not isinstance(value, Mapping):
+            raise ValueError("is not a JSON object {model: name}")
+        return {str(k): str(v) for k, v in value.items()}
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Constructor arguments only: the environment is read by :meth:`from_env`, from the
+        mapping it is given, so a directly built object never picks up the process's
+        variables (tests, the local stack's in-process settings)."""
+        return (init_settings,)
 
     @property
     def heartbeat_interval(self) -> float:
@@ -154,6 +252,31 @@ class Settings(BaseModel):
         """Seconds a running job's lease lasts from its start or last renewal: the set value,
         else :data:`LEASE_HEARTBEATS` heartbeat intervals, rounded up (at least 1)."""
         return max(1, math.ceil(self.lease_seconds or LEASE_HEARTBEATS * self.heartbeat_interval))
+
+    @property
+    def api(self) -> ApiSettings:
+        """The part the API reads."""
+        return ApiSettings.of(self)
+
+    @property
+    def worker(self) -> WorkerSettings:
+        """The part a worker reads."""
+        return WorkerSettings.of(self)
+
+    @property
+    def webhooks(self) -> WebhookSettings:
+        """The part the webhook dispatcher reads."""
+        return WebhookSettings.of(self)
+
+    @property
+    def sweeper(self) -> SweeperSettings:
+        """The part the sweeper reads."""
+        return SweeperSettings.of(self)
+
+    @property
+    def scaling(self) -> ScalingSettings:
+        """The part wake-on-submit and the backlog metric read."""
+        return ScalingSettings.of(self)
 
     def queue_url(self, model: str, priority: str = "normal") -> str:
         """The SQS queue URL of ``model`` for a priority class.
@@ -177,124 +300,96 @@ class Settings(BaseModel):
         return {k: v for k, v in out.items() if v}
 
     @classmethod
+    def env_name(cls, field: str) -> str | None:
+        """The environment variable of ``field`` (the first, where it has several), or ``None``
+        for a field set in code only. Raises ``KeyError`` for an unknown field."""
+        alias = cls.model_fields[field].validation_alias
+        if isinstance(alias, AliasChoices):
+            first = alias.choices[0]
+            return first if isinstance(first, str) else None
+        return alias if isinstance(alias, str) else None
+
+    @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Read settings from ``env`` (default ``os.environ``). Raises :class:`ConfigError`
-        listing every malformed variable at once."""
+        """Read settings from ``env`` (default ``os.environ``); an empty variable is unset.
+
+        Raises:
+            ConfigError: listing every malformed variable at once, each by its name (the
+                pydantic ``ValidationError`` it wraps is its ``__cause__``).
+        """
         env = os.environ if env is None else env
-        values: dict[str, object] = {}
-        problems: list[str] = []
-
-        def take(var: str, field: str, conv: type = str) -> None:
-            raw = env.get(var)
-            if raw is None or raw == "":
-                return
-            try:
-                values[field] = conv(raw)
-            except (TypeError, ValueError):
-                problems.append(f"{var}={raw!r} is not a valid {conv.__name__}")
-
-        take("ASYNCINFER_TABLE", "table_name")
-        take("ASYNCINFER_BUCKET", "bucket")
-        take("ASYNCINFER_TOPIC_ARN", "topic_arn")
-        take("ASYNCINFER_RESOURCE_PREFIX", "resource_prefix")
-        take("ASYNCINFER_QUEUE_URL_BASE", "queue_url_base")
-        take("ASYNCINFER_MAX_RECEIVE_COUNT", "max_receive_count", int)
-        take("ASYNCINFER_VISIBILITY_TIMEOUT", "visibility_timeout_seconds", int)
-        take("ASYNCINFER_HEARTBEAT_SECONDS", "heartbeat_seconds", float)
-        take("ASYNCINFER_LEASE_SECONDS", "lease_seconds", float)
-        take("ASYNCINFER_SWEEP_SECONDS", "sweep_seconds", float)
-        take("ASYNCINFER_RECEIVE_WAIT", "receive_wait_seconds", int)
-        take("ASYNCINFER_DRAIN_SECONDS", "drain_seconds", float)
-        take("ASYNCINFER_RETRY_DELAY", "retry_delay_seconds", float)
-        take("ASYNCINFER_INLINE_INPUT_BYTES", "inline_input_limit_bytes", int)
-        take("ASYNCINFER_RECORD_RETENTION", "record_retention_seconds", int)
-        take("ASYNCINFER_MAX_INPUT_BYTES", "max_input_bytes", int)
-        take("ASYNCINFER_SUBMIT_LEASE", "submit_lease_seconds", int)
-        take("ASYNCINFER_MAX_WAITS_PER_TENANT", "max_waits_per_tenant", int)
-        raw_locations = env.get("ASYNCINFER_INPUT_LOCATIONS")
-        if raw_locations:
-            values["input_locations"] = [x.strip() for x in raw_locations.split(",") if x.strip()]
-        take("ASYNCINFER_MODEL_CACHE", "model_cache_dir", Path)
-        take("ASYNCINFER_WEIGHTS_CACHE", "weights_cache_dir", Path)
-        take("ASYNCINFER_MODELS_FILE", "models_file", Path)
-        take("ASYNCINFER_MAX_BATCH_SIZE", "max_batch_size", int)
-        take("ASYNCINFER_MAX_WAIT_MS", "max_wait_ms", float)
-        take("ASYNCINFER_TOKEN_BUDGET", "token_budget", int)
-        take("ASYNCINFER_WEBHOOK_QUEUE_URL", "webhook_queue_url")
-        take("ASYNCINFER_WEBHOOK_DLQ_URL", "webhook_dlq_url")
-        take("ASYNCINFER_WEBHOOK_SECRETS_KEY", "webhook_secrets_key")
-        take("ASYNCINFER_WEBHOOK_RETRY_BASE", "webhook_retry_base_seconds", float)
-        take("ASYNCINFER_WEBHOOK_RETRY_MAX", "webhook_retry_max_delay_seconds", float)
-        take("ASYNCINFER_WEBHOOK_RETRY_WINDOW", "webhook_retry_window_seconds", float)
-        take("AWS_ENDPOINT_URL", "endpoint_url")
-        take("ASYNCINFER_COMPUTE", "compute")
-        take("ASYNCINFER_ECS_CLUSTER", "ecs_cluster")
-        take("ASYNCINFER_WAKE_CACHE_SECONDS", "wake_cache_seconds", float)
-        for var, name in (
-            ("ASYNCINFER_ECS_SERVICES", "ecs_services"),
-            ("ASYNCINFER_SAGEMAKER_ENDPOINTS", "sagemaker_endpoints"),
-        ):
-            try:
-                mapping = json.loads(env.get(var) or "{}")
-                if not isinstance(mapping, dict):
-                    raise ValueError
-                values[name] = {str(k): str(v) for k, v in mapping.items()}
-            except ValueError:
-                problems.append(f"{var} is not a JSON object {{model: name}}")
-        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
-        if region:
-            values["region"] = region
-        values["local_mode"] = env.get("ASYNCINFER_LOCAL", "") in ("1", "true", "yes")
-        values["local_emulator_faults"] = env.get("ASYNCINFER_EMULATOR_FAULTS", "") in (
-            "1",
-            "true",
-            "yes",
-        )
-        if env.get("ASYNCINFER_ECHO_BATCHING"):
-            values["echo_batching"] = env["ASYNCINFER_ECHO_BATCHING"] not in ("0", "false", "no")
-        raw_queues = env.get("ASYNCINFER_QUEUE_URLS")
-        if raw_queues:
-            try:
-                queues = json.loads(raw_queues)
-                if not isinstance(queues, dict):
-                    raise ValueError
-                values["queue_urls"] = {str(k): str(v) for k, v in queues.items()}
-            except ValueError:
-                problems.append("ASYNCINFER_QUEUE_URLS is not a JSON object {model: url}")
-        raw_models = env.get("ASYNCINFER_MODELS")
-        if raw_models:
-            values["models"] = [m.strip() for m in raw_models.split(",") if m.strip()]
-        else:
-            urls: Any = values.get("queue_urls", {})
-            values["models"] = [m for m in urls if "#" not in m]
-        prefix = str(values.get("resource_prefix", ""))
-        if prefix:
-            _derive_names(values, prefix, problems)
-        if problems:
-            raise ConfigError("; ".join(problems))
-        return cls.model_validate(values)
+        raw = _MappingEnvSource(cls, env)()
+        try:
+            settings = cls(**raw)
+        except ValidationError as exc:
+            raise ConfigError("; ".join(_problems(exc))) from exc
+        return _derive(settings, models_given=ev.MODELS in raw)
 
 
-def _derive_names(values: dict[str, Any], prefix: str, problems: list[str]) -> None:
-    """Fill the queue URLs, ECS service and SageMaker endpoint names that the environment does
-    not give explicitly from the naming rule (:mod:`asyncinfer.core.naming`)."""
-    models: list[str] = list(values.get("models") or [])
-    if not models:
-        problems.append("ASYNCINFER_RESOURCE_PREFIX needs ASYNCINFER_MODELS")
-        return
-    base = str(values.get("queue_url_base", ""))
-    if not values.get("queue_urls"):
-        if not base.endswith("/"):
-            problems.append(
-                "ASYNCINFER_RESOURCE_PREFIX needs ASYNCINFER_QUEUE_URL_BASE ending in '/'"
-            )
-        else:
-            values["queue_urls"] = naming.queue_urls(base, prefix, models)
-    compute = values.get("compute")
-    if compute == "ecs" and not values.get("ecs_services"):
-        values["ecs_services"] = {m: naming.ecs_service_name(prefix, m) for m in models}
-    if compute == "sagemaker" and not values.get("sagemaker_endpoints"):
-        values["sagemaker_endpoints"] = {m: naming.endpoint_name(prefix, m) for m in models}
+class _MappingEnvSource(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping instead of ``os.environ``,
+    reading only fields that name a variable (``validation_alias``)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        self._mapping = env
+        super().__init__(settings_cls, case_sensitive=True, env_ignore_empty=True)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        # Only the variables named by aliases: with ``populate_by_name`` pydantic-settings
+        # would also read a variable spelled like a field (``table_name``).
+        names = _variables()
+        return {k: v for k, v in self._mapping.items() if v != "" and k in names}
+
+
+@lru_cache(maxsize=1)
+def _variables() -> frozenset[str]:
+    """Every environment variable some field of :class:`Settings` reads."""
+    out: set[str] = set()
+    for field in Settings.model_fields.values():
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices):
+            out.update(c for c in alias.choices if isinstance(c, str))
+        elif isinstance(alias, str):
+            out.add(alias)
+    return frozenset(out)
+
+
+def _problems(exc: ValidationError) -> list[str]:
+    """One line per error of ``exc``: ``VAR='value': why``."""
+    out = []
+    for err in exc.errors():
+        where = str(err["loc"][0]) if err["loc"] else "settings"
+        why = str(err["msg"]).removeprefix("Value error, ")
+        out.append(f"{where}={err['input']!r}: {why}")
+    return out
+
+
+def _derive(settings: Settings, *, models_given: bool) -> Settings:
+    """Fill what the environment leaves to rules: the model list (default: the queue keys that
+    name no priority class) and, with a resource prefix, the queue URLs, ECS service and
+    SageMaker endpoint names from the naming rule (:mod:`asyncinfer.core.naming`).
+
+    Raises:
+        ConfigError: the prefix is set without the models or the queue URL base.
+    """
+    update: dict[str, Any] = {}
+    models = settings.models
+    if not models_given:
+        models = update["models"] = [m for m in settings.queue_urls if "#" not in m]
+    prefix = settings.resource_prefix
+    if prefix:
+        if not models:
+            raise ConfigError(f"{ev.RESOURCE_PREFIX} needs {ev.MODELS}")
+        base = settings.queue_url_base
+        if not settings.queue_urls:
+            if not base.endswith("/"):
+                raise ConfigError(f"{ev.RESOURCE_PREFIX} needs {ev.QUEUE_URL_BASE} ending in '/'")
+            update["queue_urls"] = naming.queue_urls(base, prefix, models)
+        if settings.compute == "ecs" and not settings.ecs_services:
+            update["ecs_services"] = {m: naming.ecs_service_name(prefix, m) for m in models}
+        if settings.compute == "sagemaker" and not settings.sagemaker_endpoints:
+            update["sagemaker_endpoints"] = {m: naming.endpoint_name(prefix, m) for m in models}
+    return settings.model_copy(update=update) if update else settings
 
 
 @lru_cache(maxsize=1)

@@ -1,7 +1,8 @@
 """A Lambda SQS event source mapping for the local stack and tests: receive a batch from a queue,
 hand it to a handler as an SQS event, delete the records the handler did not report failed
 (``batchItemFailures``). The DLQ handler and the webhook dispatcher are fed this way locally,
-as their event source mappings feed them in AWS."""
+as their event source mappings feed them in AWS, with the batch sizes of the topology
+(:mod:`asyncinfer.core.topology`)."""
 
 from __future__ import annotations
 
@@ -36,14 +37,19 @@ def sqs_event_record(m: dict[str, Any], queue_url: str) -> dict[str, Any]:
 
 
 def pump_once(
-    sqs: Any, queue_url: str, invoke: Callable[[dict[str, Any]], dict[str, Any]], wait: int = 1
+    sqs: Any,
+    queue_url: str,
+    invoke: Callable[[dict[str, Any]], dict[str, Any]],
+    wait: int = 1,
+    batch_size: int = 10,
 ) -> int:
-    """Receive up to 10 messages, invoke the handler with them, delete the ones it did not report
+    """Receive up to ``batch_size`` messages (1..10: one ReceiveMessage; the function's
+    ``SqsTrigger.batch_size``), invoke the handler with them, delete the ones it did not report
     failed (those come back when their visibility timeout, set by the handler, ends). Returns
     how many were received."""
     resp = sqs.receive_message(
         QueueUrl=queue_url,
-        MaxNumberOfMessages=10,
+        MaxNumberOfMessages=batch_size,
         WaitTimeSeconds=wait,
         MessageSystemAttributeNames=["All"],
         MessageAttributeNames=["All"],

@@ -1,7 +1,8 @@
 """Creates the AWS resources of the service on an endpoint (the emulator), shaped as the CDK app
 shapes them in AWS: the job table (keys, GSI, TTL), the bucket, the events topic, a queue per
 model with its dead-letter queue (redrive policy with maxReceiveCount), the webhook queues and
-the KMS key of the webhook secrets."""
+the KMS key of the webhook secrets. Keys, indexes and queue attributes come from
+:mod:`asyncinfer.core.topology`, which the CDK app reads too."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncinfer.aws import clients
+from asyncinfer.core import envvars as ev
+from asyncinfer.core import topology
 from asyncinfer.core.settings import Settings
-from asyncinfer.store import QUEUED_INDEX, RUNNING_INDEX, TENANT_INDEX
 from asyncinfer.webhooks.queues import create_webhook_queues
 from asyncinfer.webhooks.secrets import create_secrets_key
 
 #: SQS message retention, seconds: longer than the largest job TTL (259200 s), as in AWS.
-MESSAGE_RETENTION_SECONDS = 4 * 24 * 3600
+MESSAGE_RETENTION_SECONDS = topology.JOB_QUEUE_RETENTION_SECONDS
 
 
 @dataclass
@@ -55,14 +57,14 @@ class Resources:
     def env(self) -> dict[str, str]:
         """The environment variables that point components at these resources."""
         return {
-            "ASYNCINFER_TABLE": self.table,
-            "ASYNCINFER_BUCKET": self.bucket,
-            "ASYNCINFER_TOPIC_ARN": self.topic_arn,
-            "ASYNCINFER_QUEUE_URLS": json.dumps(self.queues),
-            "ASYNCINFER_MODELS": ",".join(self.models),
-            "ASYNCINFER_WEBHOOK_QUEUE_URL": self.webhook_queue,
-            "ASYNCINFER_WEBHOOK_DLQ_URL": self.webhook_dlq,
-            "ASYNCINFER_WEBHOOK_SECRETS_KEY": self.webhook_secrets_key,
+            ev.TABLE: self.table,
+            ev.BUCKET: self.bucket,
+            ev.TOPIC_ARN: self.topic_arn,
+            ev.QUEUE_URLS: json.dumps(self.queues),
+            ev.MODELS: ",".join(self.models),
+            ev.WEBHOOK_QUEUE_URL: self.webhook_queue,
+            ev.WEBHOOK_DLQ_URL: self.webhook_dlq,
+            ev.WEBHOOK_SECRETS_KEY: self.webhook_secrets_key,
         }
 
 
@@ -86,50 +88,30 @@ def create_resources(
     sns = clients.client("sns", settings)
     sqs = clients.client("sqs", settings)
 
-    table = f"{prefix}-jobs"
+    spec = topology.JOB_TABLE
+    table = f"{prefix}-{spec.suffix}"
     existing = ddb.list_tables().get("TableNames", [])
     if table not in existing:
         ddb.create_table(
             TableName=table,
             BillingMode="PAY_PER_REQUEST",
             AttributeDefinitions=[
-                {"AttributeName": "job_id", "AttributeType": "S"},
-                {"AttributeName": "tenant", "AttributeType": "S"},
-                {"AttributeName": "queued_mark", "AttributeType": "S"},
-                {"AttributeName": "expires_epoch", "AttributeType": "N"},
-                {"AttributeName": "running_mark", "AttributeType": "S"},
-                {"AttributeName": "lease_expires_epoch", "AttributeType": "N"},
+                {"AttributeName": k.name, "AttributeType": k.type}
+                for k in spec.attribute_definitions()
             ],
-            KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
+            KeySchema=_key_schema(spec.partition, None),
             GlobalSecondaryIndexes=[
                 {
-                    "IndexName": TENANT_INDEX,
-                    "KeySchema": [
-                        {"AttributeName": "tenant", "KeyType": "HASH"},
-                        {"AttributeName": "job_id", "KeyType": "RANGE"},
-                    ],
-                    "Projection": {"ProjectionType": "ALL"},
-                },
-                {
-                    "IndexName": QUEUED_INDEX,
-                    "KeySchema": [
-                        {"AttributeName": "queued_mark", "KeyType": "HASH"},
-                        {"AttributeName": "expires_epoch", "KeyType": "RANGE"},
-                    ],
-                    "Projection": {"ProjectionType": "KEYS_ONLY"},
-                },
-                {
-                    "IndexName": RUNNING_INDEX,
-                    "KeySchema": [
-                        {"AttributeName": "running_mark", "KeyType": "HASH"},
-                        {"AttributeName": "lease_expires_epoch", "KeyType": "RANGE"},
-                    ],
-                    "Projection": {"ProjectionType": "KEYS_ONLY"},
-                },
+                    "IndexName": index.name,
+                    "KeySchema": _key_schema(index.partition, index.sort),
+                    "Projection": {"ProjectionType": index.projection},
+                }
+                for index in spec.indexes
             ],
         )
         ddb.update_time_to_live(
-            TableName=table, TimeToLiveSpecification={"Enabled": True, "AttributeName": "ttl"}
+            TableName=table,
+            TimeToLiveSpecification={"Enabled": True, "AttributeName": spec.ttl_attribute},
         )
 
     bucket = f"{prefix}-payloads"
@@ -138,21 +120,17 @@ def create_resources(
     topic_arn = sns.create_topic(Name=f"{prefix}-events")["TopicArn"]
     res = Resources(table=table, bucket=bucket, topic_arn=topic_arn)
 
+    job_queue, job_dlq = topology.QUEUES["jobs"], topology.QUEUES["jobs-dlq"]
     for model in models:
         dlq_url = sqs.create_queue(
-            QueueName=f"{prefix}-{model}-dlq",
-            Attributes={"MessageRetentionPeriod": str(14 * 24 * 3600)},
+            QueueName=f"{prefix}-{model}-dlq", Attributes=job_dlq.attributes()
         )["QueueUrl"]
-        dlq_arn = _arn(sqs, dlq_url)
-        attrs: dict[str, Any] = {
-            "VisibilityTimeout": str(settings.visibility_timeout_seconds),
-            "MessageRetentionPeriod": str(MESSAGE_RETENTION_SECONDS),
-            "ReceiveMessageWaitTimeSeconds": "20",
-            "RedrivePolicy": json.dumps(
-                {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": settings.max_receive_count}
-            ),
-        }
-        for priority in ("normal", "high", "low"):
+        attrs = job_queue.attributes(
+            visibility_timeout=settings.visibility_timeout_seconds,
+            max_receive_count=settings.max_receive_count,
+            dlq_arn=_arn(sqs, dlq_url),
+        )
+        for priority in topology.PRIORITIES:
             suffix = "" if priority == "normal" else f"-{priority}"
             key = model if priority == "normal" else f"{model}#{priority}"
             res.queues[key] = sqs.create_queue(
@@ -175,6 +153,14 @@ def create_resources(
     kms = clients.client("kms", settings)
     res.webhook_secrets_key = create_secrets_key(kms, f"alias/{prefix}-webhook-secrets")
     return res
+
+
+def _key_schema(partition: topology.Key, sort: topology.Key | None) -> list[dict[str, str]]:
+    """A DynamoDB ``KeySchema``: the partition (HASH) key and, if any, the sort (RANGE) key."""
+    out = [{"AttributeName": partition.name, "KeyType": "HASH"}]
+    if sort is not None:
+        out.append({"AttributeName": sort.name, "KeyType": "RANGE"})
+    return out
 
 
 def _arn(sqs: Any, url: str) -> str:

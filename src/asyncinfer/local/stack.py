@@ -32,7 +32,8 @@ from typing import Any
 import httpx
 
 from asyncinfer.aws import clients
-from asyncinfer.core import logs
+from asyncinfer.core import envvars as ev
+from asyncinfer.core import logs, topology
 from asyncinfer.core.errors import CatalogueError
 from asyncinfer.core.settings import Settings
 from asyncinfer.functions.sweeper import expire_due, take_back_lapsed
@@ -175,16 +176,16 @@ class LocalStack:
         if not wait_http(endpoint + "/moto-api/", 30, stop=self.stop_event):
             return {}
         base_env = {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_REGION": "us-east-1",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ACCESS_KEY_ID": "local",
-            "AWS_SECRET_ACCESS_KEY": "local",
-            "ASYNCINFER_LOCAL": "1",
-            "ASYNCINFER_VISIBILITY_TIMEOUT": str(opts.visibility_timeout),
-            "ASYNCINFER_MAX_RECEIVE_COUNT": str(opts.max_receive_count),
-            "ASYNCINFER_DRAIN_SECONDS": str(opts.drain_seconds),
-            "ASYNCINFER_MODELS_FILE": str(self.models_file or ""),
+            ev.AWS_ENDPOINT_URL: endpoint,
+            ev.AWS_REGION: "us-east-1",
+            ev.AWS_DEFAULT_REGION: "us-east-1",
+            ev.AWS_ACCESS_KEY_ID: "local",
+            ev.AWS_SECRET_ACCESS_KEY: "local",
+            ev.LOCAL: "1",
+            ev.VISIBILITY_TIMEOUT: str(opts.visibility_timeout),
+            ev.MAX_RECEIVE_COUNT: str(opts.max_receive_count),
+            ev.DRAIN_SECONDS: str(opts.drain_seconds),
+            ev.MODELS_FILE: str(self.models_file or ""),
             "POWERTOOLS_SERVICE_NAME": "asyncinfer-local",
             "POWERTOOLS_LOG_LEVEL": "WARNING",
             "POWERTOOLS_TRACE_DISABLED": "true",
@@ -277,8 +278,8 @@ class LocalStack:
             **os.environ,
             **self.env,
             "PYTHONUNBUFFERED": "1",
-            "ASYNCINFER_BUSY_FILE": str(busy_file),
-            "ASYNCINFER_RECEIVE_WAIT": str(self.opts.worker_receive_wait),
+            ev.BUSY_FILE: str(busy_file),
+            ev.RECEIVE_WAIT: str(self.opts.worker_receive_wait),
         }
         proc: WorkerProcess
         if self.warm is not None:
@@ -353,7 +354,12 @@ class LocalStack:
                 if self.stop_event.is_set():
                     return
                 try:
-                    pump_once(sqs, url, lambda ev: pool.invoke(DLQ_HANDLER, ev, "dlq"))
+                    pump_once(
+                        sqs,
+                        url,
+                        lambda ev: pool.invoke(DLQ_HANDLER, ev, "dlq"),
+                        batch_size=topology.FUNCTIONS["dlq"].sqs_trigger().batch_size,
+                    )
                 except Exception:
                     if self.stop_event.is_set():
                         return
@@ -368,7 +374,12 @@ class LocalStack:
         sqs = clients.client("sqs", self.settings)
         while not self.stop_event.is_set():
             try:
-                pump_once(sqs, url, lambda ev: pool.invoke(WEBHOOK_HANDLER, ev, "webhooks"))
+                pump_once(
+                    sqs,
+                    url,
+                    lambda ev: pool.invoke(WEBHOOK_HANDLER, ev, "webhooks"),
+                    batch_size=topology.FUNCTIONS["webhooks"].sqs_trigger().batch_size,
+                )
             except Exception:
                 if self.stop_event.is_set():
                     return

@@ -25,7 +25,6 @@ with ``ASYNCINFER_COMPUTE=ecs``), ``AWS_REGION``.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -54,12 +53,12 @@ class BacklogConfig:
         docstring). Raises :class:`ConfigError` for malformed settings."""
         from asyncinfer.core.settings import Settings
 
-        settings = Settings.from_env(os.environ if env is None else env)
+        part = Settings.from_env(env).scaling
         return cls(
-            queue_urls=dict(settings.queue_urls),
-            cluster=settings.ecs_cluster,
-            services=dict(settings.ecs_services),
-            region=settings.region,
+            queue_urls=dict(part.queue_urls),
+            cluster=part.ecs_cluster,
+            services=dict(part.ecs_services),
+            region=part.region,
         )
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from asyncinfer.aws import clients
 from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_parts import ScalingSettings
 
 log = logging.getLogger("asyncinfer.scaling")
 
@@ -58,7 +59,8 @@ class WakeTargets:
     sagemaker_endpoints: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> WakeTargets:
+    def from_settings(cls, settings: ScalingSettings) -> WakeTargets:
+        """The targets of the scaling part of the settings."""
         return cls(
             ecs_cluster=settings.ecs_cluster,
             ecs_services=dict(settings.ecs_services),
@@ -91,7 +93,7 @@ class Waker:
         self,
         targets: WakeTargets,
         *,
-        settings: Settings | None = None,
+        settings: ScalingSettings | None = None,
         ecs: Any = None,
         sagemaker: Any = None,
         cache_seconds: float = 30.0,
@@ -186,10 +188,12 @@ _waker_key: tuple[Any, ...] | None = None
 _waker_lock = threading.Lock()
 
 
-def waker_for(settings: Settings) -> Waker | None:
-    """The process-wide :class:`Waker` for ``settings`` (rebuilt when the targets change);
-    ``None`` when no service is configured."""
+def waker_for(settings: Settings | ScalingSettings) -> Waker | None:
+    """The process-wide :class:`Waker` for ``settings`` (its scaling part; rebuilt when the
+    targets change); ``None`` when no service is configured."""
     global _waker, _waker_key
+    if isinstance(settings, Settings):
+        settings = settings.scaling
     targets = WakeTargets.from_settings(settings)
     if not targets:
         return None
@@ -201,7 +205,7 @@ def waker_for(settings: Settings) -> Waker | None:
         return _waker
 
 
-def wake_on_submit(settings: Settings, model: str) -> str:
+def wake_on_submit(settings: Settings | ScalingSettings, model: str) -> str:
     """Called by :meth:`asyncinfer.jobs.JobService.submit` after a job is queued."""
     waker = waker_for(settings)
     return waker.wake(model) if waker is not None else UNMANAGED

@@ -34,6 +34,7 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
 from asyncinfer.aws import clients
+from asyncinfer.core import envvars
 from asyncinfer.core.errors import ConfigError
 from asyncinfer.core.settings import Settings
 from asyncinfer.core.timeutil import iso, now, parse
@@ -81,7 +82,7 @@ class SecretStore:
 
     def __init__(self, settings: Settings) -> None:
         if not settings.webhook_secrets_key:
-            raise ConfigError("ASYNCINFER_WEBHOOK_SECRETS_KEY is not set")
+            raise ConfigError(f"{envvars.WEBHOOK_SECRETS_KEY} is not set")
         self.settings = settings
         self.table = settings.table_name
         self.key_id = settings.webhook_secrets_key

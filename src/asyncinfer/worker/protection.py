@@ -5,7 +5,8 @@ ECS service auto scaling picks tasks to stop when it scales in; a protected task
 ``PUT $ECS_AGENT_URI/task-protection/v1/state`` with ``{"ProtectionEnabled": bool,
 "ExpiresInMinutes": n}``). Outside ECS (no ``ECS_AGENT_URI``) this does nothing.
 
-On the local stack the same signal goes to a file instead: with ``ASYNCINFER_BUSY_FILE`` set, the
+On the local stack the same signal goes to a file instead: with ``ASYNCINFER_BUSY_FILE`` set
+(``Settings.busy_file``; ``ECS_AGENT_URI`` is ``Settings.ecs_agent_uri``), the
 worker writes ``1`` (busy) or ``0`` (idle) there, and the local autoscaler never stops a worker
 whose file says ``1``.
 """
@@ -26,10 +27,11 @@ class ScaleInProtection:
     """Turns protection on when work starts and off when the worker is idle."""
 
     def __init__(self, agent_uri: str | None = None, busy_file: str | None = None) -> None:
-        self.agent_uri = agent_uri if agent_uri is not None else os.environ.get("ECS_AGENT_URI")
-        self.busy_file = (
-            busy_file if busy_file is not None else os.environ.get("ASYNCINFER_BUSY_FILE")
-        )
+        """``agent_uri``: ECS's agent endpoint, ``busy_file``: the local stack's busy file (the
+        worker passes ``Settings.ecs_agent_uri`` / ``Settings.busy_file``); either may be empty
+        or ``None`` (nothing to signal there)."""
+        self.agent_uri = agent_uri or None
+        self.busy_file = busy_file or None
         self.enabled = False
         self.renew_at = 0.0
         if self.busy_file:

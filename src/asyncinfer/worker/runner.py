@@ -142,7 +142,7 @@ class Worker:
         self.publisher = events or EventPublisher(settings, self.payloads)
         self.stop_event = threading.Event()  # stop polling
         self.interrupt = threading.Event()  # stop running jobs (drain deadline passed)
-        self.protection = ScaleInProtection()
+        self.protection = ScaleInProtection(settings.ecs_agent_uri, settings.busy_file)
         self.jobs_done = 0
         self.max_jobs: int | None = None
         self._running: dict[str, tuple[Held, dict[str, Any]]] = {}

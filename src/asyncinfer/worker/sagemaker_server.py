@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from asyncinfer.aws.payloads import loads_bounded
+from asyncinfer.core import envvars
 from asyncinfer.core.errors import ApiError, JobError, WorkerStopping
+from asyncinfer.core.settings import get_settings
 from asyncinfer.models.base import ModelHandler, WorkItem
 from asyncinfer.models.registry import MODELS, get_spec, validate_input
 
@@ -57,11 +58,9 @@ class InvocationsApp:
 
     def __init__(self, model_id: str | None = None, handler: ModelHandler | None = None) -> None:
         if model_id is None:
-            ids = [
-                m.strip() for m in os.environ.get("ASYNCINFER_MODELS", "").split(",") if m.strip()
-            ]
+            ids = get_settings().models
             if not ids:
-                raise ValueError("ASYNCINFER_MODELS names no model to serve")
+                raise ValueError(f"{envvars.MODELS} names no model to serve")
             model_id = ids[0]
         if model_id not in MODELS:
             raise ValueError(f"unknown model {model_id!r}")
@@ -75,8 +74,6 @@ class InvocationsApp:
     def load(self) -> None:
         """Build the handler and load its weights (once)."""
         if self.handler is None:
-            from asyncinfer.core.settings import get_settings
-
             self.handler = self.spec.load_handler(cache_dir=get_settings().model_cache_dir)
         self.handler.load()
         self.ready.set()
