@@ -36,10 +36,13 @@ def reset_caches() -> None:
     from asyncinfer import clients
     from asyncinfer.api import app as api_app
     from asyncinfer.dlq import _handler
+    from asyncinfer.openai_api import expansion, routes_batches
     from asyncinfer.settings import get_settings
 
     get_settings.cache_clear()
     api_app.service.cache_clear()
+    routes_batches.service.cache_clear()
+    expansion._expander.cache_clear()
     _handler.cache_clear()
     clients.reset()
 

@@ -57,6 +57,9 @@ Environment variables (all optional unless a component needs the resource):
 ``ASYNCINFER_WEBHOOK_RETRY_BASE``   first webhook retry delay, seconds; doubles per attempt (5)
 ``ASYNCINFER_WEBHOOK_RETRY_MAX``    largest webhook retry delay, seconds, at most 43200 (3600)
 ``ASYNCINFER_WEBHOOK_RETRY_WINDOW`` seconds a webhook event is retried before its DLQ (86400)
+``ASYNCINFER_BATCH_QUEUE_URL``     SQS queue of the OpenAI batch expander (expand, end, check)
+``ASYNCINFER_BATCH_EVENTS_QUEUE_URL`` SQS queue subscribed to the topic that counts batch lines
+``ASYNCINFER_BATCH_CHUNK``          lines the expander turns into jobs per chunk (500)
 ``ASYNCINFER_COMPUTE``              ``ecs`` or ``sagemaker`` in AWS (workers then emit EMF metrics)
 ``ASYNCINFER_ECS_CLUSTER``          ECS cluster of the worker services (wake on submit, backlog)
 ``ASYNCINFER_ECS_SERVICES``         JSON ``{model_id: ECS service name}`` (wake on submit, backlog;
@@ -132,6 +135,9 @@ class Settings(BaseModel):
     webhook_retry_base_seconds: float = 5.0
     webhook_retry_max_delay_seconds: float = 3600.0
     webhook_retry_window_seconds: float = 24 * 3600.0
+    batch_queue_url: str = ""
+    batch_events_queue_url: str = ""
+    batch_chunk_lines: int = 500
     compute: str = ""
     ecs_cluster: str = ""
     ecs_services: dict[str, str] = Field(default_factory=dict)
@@ -221,6 +227,9 @@ class Settings(BaseModel):
         take("ASYNCINFER_WEBHOOK_RETRY_BASE", "webhook_retry_base_seconds", float)
         take("ASYNCINFER_WEBHOOK_RETRY_MAX", "webhook_retry_max_delay_seconds", float)
         take("ASYNCINFER_WEBHOOK_RETRY_WINDOW", "webhook_retry_window_seconds", float)
+        take("ASYNCINFER_BATCH_QUEUE_URL", "batch_queue_url")
+        take("ASYNCINFER_BATCH_EVENTS_QUEUE_URL", "batch_events_queue_url")
+        take("ASYNCINFER_BATCH_CHUNK", "batch_chunk_lines", int)
         take("AWS_ENDPOINT_URL", "endpoint_url")
         take("ASYNCINFER_COMPUTE", "compute")
         take("ASYNCINFER_ECS_CLUSTER", "ecs_cluster")

@@ -294,6 +294,12 @@ def rotate_webhook_secret() -> WebhookSecretView:
     return SecretStore(service().settings).rotate(tenant())
 
 
+# The OpenAI Batches surface (spec openai.md), under /openai/v1.
+from asyncinfer.openai_api.routes_batches import router as _batches_router  # noqa: E402
+
+app.include_router(_batches_router, prefix="/openai/v1")
+
+
 # ---------------------------------------------------------------------------- errors
 def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> Response:
     """The spec's error body for ``exc`` at its HTTP status, with the error's own headers
