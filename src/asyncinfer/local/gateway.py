@@ -58,6 +58,8 @@ def route(method: str, path: str) -> str | None:
         return "public" if method == "GET" else None
     if path.startswith("/v1/") and len(path) > len("/v1/"):
         return "keyed"
+    if path.startswith("/openai/v1/") and len(path) > len("/openai/v1/"):
+        return "keyed"  # the OpenAI surface (spec openai.md), ANY /openai/v1/{proxy+}
     return None
 
 

@@ -18,9 +18,10 @@ from asyncinfer.webhooks.secrets import create_secrets_key
 
 #: SQS message retention, seconds: longer than the largest job TTL (259200 s), as in AWS.
 MESSAGE_RETENTION_SECONDS = 4 * 24 * 3600
-#: Visibility timeout of the batch queues on the emulator, seconds: a failed batch operation or
-#: count comes back soon (AWS: six times the consumer's timeout, openai_api.queues).
-BATCH_LOCAL_VISIBILITY = 10
+#: Visibility timeout of the batch queues on the emulator, seconds: longer than an expander
+#: invocation there (30 s), and a failed batch operation or count comes back within a minute
+#: (AWS: six times the consumer's timeout, openai_api.queues).
+BATCH_LOCAL_VISIBILITY = 60
 
 
 @dataclass

@@ -9,8 +9,8 @@ fed by :mod:`asyncinfer.local.event_source`). Messages ``{"op", "batch_id"}``:
   timeout. Each line's job has the idempotency key ``<batch id>:<digest of custom_id>``, so a
   re-run of a chunk (a crash, a duplicate message) returns the jobs it made instead of new ones;
   ``next_line`` on the batch moves on only after a chunk (conditional on where it was).
-  Jobs run at the batch's priority, ``metadata`` ``batch_id`` and ``custom_id``, with a TTL of what
-  is left of the window.
+  Jobs run at the batch's priority, ``metadata`` ``batch_id`` and ``custom_id``, with the
+  window as their TTL (the same body on every run; the window's end cancels what is left).
 * ``end``: a batch being ended early (``ending`` set: ``cancelled`` by the client, ``expired`` by
   ``check``) stops expanding and its lines not finished are cancelled through
   :meth:`JobService.cancel` (running ones stop at their next step); the last one's event
@@ -161,7 +161,9 @@ class Expander:
         chunk = read_chunk(self.settings, record, k)
         todo = [(k * size + n, entry) for n, entry in enumerate(chunk) if k * size + n >= start]
         self.store.put_lines(batch_id, [(e[1], idx, e[0]) for idx, e in todo])
-        ttl = max(10, min(259200, int(record["expires_at"] - time.time())))
+        # The whole window, not what is left of it: the job's body (and so its idempotency key's
+        # digest) must be the same when a chunk is run again; the window's end cancels the rest.
+        ttl = max(10, min(259200, int(record["expires_at"]) - int(record["created_at"])))
         made: list[str] = []
         for _idx, (_number, custom_id, model, data) in todo:
             req = JobRequest(
@@ -175,7 +177,9 @@ class Expander:
                 job, _ = self.jobs.submit(
                     tenant, req, idempotency_key=idempotency_key(batch_id, custom_id)
                 )
-            except InternalError:
+            except (InternalError, Conflict):
+                # Conflict: another run holds this line's key right now (a duplicate message):
+                # the whole chunk is retried later, and idempotently.
                 raise
             except ApiError as exc:  # refused now (e.g. the model is no longer deployed)
                 self.store.count_line(
@@ -263,7 +267,8 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """The expander Lambda (SQS event source with ``ReportBatchItemFailures``, batch size 1):
     each record is one operation; one that raises is reported failed and comes back."""
     remaining = getattr(context, "get_remaining_time_in_millis", None)
-    budget = remaining() / 1000 - RESERVE_SECONDS if callable(remaining) else None
+    left = remaining() / 1000 if callable(remaining) else None
+    budget = left - min(RESERVE_SECONDS, left / 3) if left is not None else None
     deadline = time.monotonic() + (budget if budget and budget > 0 else DEFAULT_BUDGET_SECONDS)
     failures = []
     for rec in event.get("Records", []):
