@@ -2,7 +2,8 @@
 list and cancel a tenant's batches, and render them as OpenAI's Batch object (the ``openai``
 SDK's ``openai.types.Batch`` parses it).
 
-A create writes the batch (``validating``) and enqueues ``{"op": "expand"}`` on the batch queue;
+A create writes the batch (``validating``) and enqueues ``{"op": "expand"}`` on the batch queue
+(with the first ``{"op": "check"}``, delayed);
 the expander (:mod:`.expansion`) validates the file, expands it into jobs and keeps the batch's
 progress. A cancel moves it to ``cancelling`` and enqueues ``{"op": "end"}``, which cancels the
 lines not finished; the last terminal line then finalizes it (:mod:`.finalize`).
@@ -148,6 +149,10 @@ def render_batch(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _op(op: str, batch_id: str) -> str:
+    return json.dumps({"op": op, "batch_id": batch_id}, separators=(",", ":"))
+
+
 def enqueue(sqs: Any, settings: Settings, body: dict[str, Any], delay: int = 0) -> None:
     """Send one batch-queue message (``delay`` seconds, SQS's 0..900)."""
     sqs.send_message(
@@ -215,8 +220,22 @@ class BatchService:
             "ttl": created + self.settings.record_retention_seconds,
         }
         self.store.create(record)
+        # The expansion, and the first of the batch's checks (expiry, missed events), together.
+        first_check = min(900, window_seconds(req.completion_window))
         try:
-            enqueue(self.sqs, self.settings, {"op": "expand", "batch_id": batch_id})
+            resp = self.sqs.send_message_batch(
+                QueueUrl=self.settings.batch_queue_url,
+                Entries=[
+                    {"Id": "expand", "MessageBody": _op("expand", batch_id)},
+                    {
+                        "Id": "check",
+                        "MessageBody": _op("check", batch_id),
+                        "DelaySeconds": first_check,
+                    },
+                ],
+            )
+            if resp.get("Failed"):
+                raise RuntimeError(f"SQS refused {resp['Failed']}")
         except Exception as exc:
             self.store.ddb.delete_item(TableName=self.store.table, Key={"job_id": {"S": batch_id}})
             raise InternalError("could not start the batch; nothing was kept, retry") from exc

@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any
 
@@ -46,6 +47,8 @@ from asyncinfer.settings import Settings, get_settings
 
 log = logging.getLogger("asyncinfer.openai.expansion")
 
+#: Lines of a chunk submitted side by side (boto3 clients are thread-safe).
+SUBMIT_THREADS = 16
 #: Seconds of an invocation kept back from expanding (writes, the next message).
 RESERVE_SECONDS = 30.0
 #: Time budget of one invocation without a Lambda context, seconds.
@@ -164,40 +167,59 @@ class Expander:
         # The whole window, not what is left of it: the job's body (and so its idempotency key's
         # digest) must be the same when a chunk is run again; the window's end cancels the rest.
         ttl = max(10, min(259200, int(record["expires_at"]) - int(record["created_at"])))
-        made: list[str] = []
-        for _idx, (_number, custom_id, model, data) in todo:
-            req = JobRequest(
-                model=model,
-                input=data,
-                priority=record.get("priority", "low"),
-                ttl_seconds=ttl,
-                metadata={"batch_id": batch_id, "custom_id": custom_id},
+        priority = str(record.get("priority", "low"))
+        with ThreadPoolExecutor(max_workers=SUBMIT_THREADS) as pool:
+            results = list(
+                pool.map(
+                    lambda e: self._submit_line(batch_id, tenant, priority, ttl, e),
+                    [entry for _idx, entry in todo],
+                )
             )
-            try:
-                job, _ = self.jobs.submit(
-                    tenant, req, idempotency_key=idempotency_key(batch_id, custom_id)
-                )
-            except (InternalError, Conflict):
-                # Conflict: another run holds this line's key right now (a duplicate message):
-                # the whole chunk is retried later, and idempotently.
-                raise
-            except ApiError as exc:  # refused now (e.g. the model is no longer deployed)
-                self.store.count_line(
-                    batch_id,
-                    custom_id,
-                    None,
-                    "failed",
-                    succeeded=False,
-                    error={"code": exc.code, "message": exc.message},
-                )
-                continue
-            self.store.set_line_job(batch_id, custom_id, job["id"])
-            made.append(job["id"])
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:  # the chunk is run again later, idempotently
+            raise errors[0]
+        made = [r for r in results if isinstance(r, str)]
         self.store.advance(batch_id, start, k * size + len(chunk))
         current = self.store.get(batch_id) or record
         if current.get("ending"):
             self._cancel_jobs(tenant, made)
         return current
+
+    def _submit_line(
+        self, batch_id: str, tenant: str, priority: str, ttl: int, entry: list[Any]
+    ) -> str | BaseException | None:
+        """Submit one line's job and note it on the line; returns the job id, ``None`` where
+        the service refused the line now (counted failed with the API's error), or the
+        exception that must make the chunk run again."""
+        _number, custom_id, model, data = entry
+        req = JobRequest(
+            model=model,
+            input=data,
+            priority=priority,  # type: ignore[arg-type]
+            ttl_seconds=ttl,
+            metadata={"batch_id": batch_id, "custom_id": custom_id},
+        )
+        try:
+            job, _ = self.jobs.submit(
+                tenant, req, idempotency_key=idempotency_key(batch_id, custom_id)
+            )
+        except (InternalError, Conflict) as exc:
+            # Conflict: another run holds this line's key right now (a duplicate message).
+            return exc
+        except ApiError as exc:  # refused now (e.g. the model is no longer deployed)
+            self.store.count_line(
+                batch_id,
+                custom_id,
+                None,
+                "failed",
+                succeeded=False,
+                error={"code": exc.code, "message": exc.message},
+            )
+            return None
+        except Exception as exc:  # an AWS error: retried with the chunk
+            return exc
+        self.store.set_line_job(batch_id, custom_id, job["id"])
+        return str(job["id"])
 
     def _expanded(self, record: dict[str, Any]) -> dict[str, Any]:
         """Expansion is over: note it and finalize if every line is already done."""
