@@ -1,8 +1,9 @@
-"""End to end: ``asyncinfer local --models echo`` as a subprocess, driven by the ``openai`` SDK
-(``default_headers={"x-api-key": KEY}`` until Bearer auth lands): a chat batch to ``completed``
-with every ``custom_id`` answered and parsed by the SDK's types, a line whose model errors in the
-error file; a cancel mid-batch; another tenant gets 404. The input file is put in the tenant's
-file store directly (the Files routes are built beside this work) and outputs read back there.
+"""End to end: ``asyncinfer local --models echo,all-minilm-l6-v2`` as a subprocess, driven by the
+``openai`` SDK (``default_headers={"x-api-key": KEY}`` until Bearer auth lands): a chat batch to
+``completed`` with every ``custom_id`` answered and parsed by the SDK's types, a line whose model
+errors in the error file; an embeddings batch; a cancel mid-batch; a short window that expires
+with partial output; another tenant gets 404. The input file is put in the tenant's file store
+directly (the Files routes are built beside this work) and outputs read back there.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStackProcess]:
     with local_stack(
-        tmp_path_factory.mktemp("state"), "--models", "echo", "--extra-key", "other"
+        tmp_path_factory.mktemp("state"),
+        *("--models", "echo,all-minilm-l6-v2", "--extra-key", "other"),
     ) as s:
         yield s
 
@@ -134,3 +136,67 @@ def test_cancel_mid_batch(stack: LocalStackProcess) -> None:
     counts = done.request_counts
     assert counts.completed + counts.failed == counts.total == 12
     assert counts.failed >= 1
+
+
+def test_embeddings_batch_completes_with_vectors(stack: LocalStackProcess) -> None:
+    from openai.types import CreateEmbeddingResponse
+
+    lines = [
+        {
+            "custom_id": f"e{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "all-minilm-l6-v2", "input": f"sentence {i}"},
+        }
+        for i in range(3)
+    ]
+    lines.append(
+        {
+            "custom_id": "many",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "all-minilm-l6-v2", "input": ["a", "b"]},
+        }
+    )
+    fid = upload(stack, lines)
+    client = sdk(stack)
+    batch = client.batches.create(
+        input_file_id=fid, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    done = wait(client, batch.id, {"completed", "failed", "expired", "cancelled"}, timeout=420)
+    assert done.status == "completed", done
+    assert done.request_counts is not None and done.request_counts.completed == 4
+    tenant = tenant_of(stack, stack.key)
+    assert done.output_file_id
+    outputs = {
+        o["custom_id"]: CreateEmbeddingResponse.model_validate(o["response"]["body"])
+        for o in (
+            json.loads(x) for x in files(stack).read(tenant, done.output_file_id).splitlines()
+        )
+    }
+    assert sorted(outputs) == ["e0", "e1", "e2", "many"]
+    assert len(outputs["many"].data) == 2
+    assert all(len(d.embedding) == 384 for r in outputs.values() for d in r.data)
+
+
+def test_short_window_expires_with_partial_output(stack: LocalStackProcess) -> None:
+    lines = [line(f"fast-{i}") for i in range(3)]
+    # The slow lines outlast the 60 s window (they start after it begins): the batch's check at
+    # the window's end ends it expired, whether their cancel or their end comes first; the fast
+    # lines (run in the same echo batch) are in the output either way.
+    lines += [line(f"slow-{i}", sleep_seconds=60) for i in range(2)]
+    fid = upload(stack, lines)
+    client = sdk(stack)
+    batch = client.batches.create(
+        input_file_id=fid, endpoint="/v1/chat/completions", completion_window="1m"
+    )
+    done = wait(client, batch.id, {"completed", "failed", "expired", "cancelled"}, timeout=240)
+    assert done.status == "expired", done
+    assert done.expired_at is not None
+    counts = done.request_counts
+    assert counts is not None and counts.total == 5 and counts.completed >= 3
+    assert counts.completed + counts.failed == 5
+    tenant = tenant_of(stack, stack.key)
+    assert done.output_file_id
+    outputs = [json.loads(x) for x in files(stack).read(tenant, done.output_file_id).splitlines()]
+    assert {f"fast-{i}" for i in range(3)} <= {o["custom_id"] for o in outputs}
