@@ -167,6 +167,8 @@ def test_expansion_in_chunks_makes_one_job_per_line(
     record = BatchStore(settings).get(out["id"])
     assert record is not None
     assert record["next_line"] == 30 and record["expanded"] and record["total"] == 30
+    lines = list(BatchStore(settings).lines(out["id"]))
+    assert len(lines) == 30 and {ln["ttl"] for ln in lines} == {record["ttl"]}  # DynamoDB TTL
     # A re-run of every chunk (a duplicate message, a crash) makes no new job.
     BatchStore(settings).update(out["id"], {"next_line": 0, "expanded": None})
     time.sleep(1.1)  # a later second: the jobs' bodies must not depend on when they are made

@@ -17,10 +17,10 @@ these items never join):
 * a line: ``job_id`` = ``bline#<batch id>#<digest of custom_id>`` (:func:`line_key`),
   ``tenant`` = ``blines#<batch id>`` (the GSI lists a batch's lines), ``batch_of``,
   ``custom_id``, ``line`` (N, 1-based line number of the input file), ``idx`` (N, 0-based among
-  the file's requests), ``line_job`` (the job id, once submitted) and, once the job is terminal
-  and counted, ``done`` (S: its terminal status). ``done`` is set at most once (a conditional
-  write in the same transaction as the counter), so a retried or duplicated job event never
-  counts twice.
+  the file's requests), ``ttl`` (the batch's), ``line_job`` (the job id, once submitted) and,
+  once the job is terminal and counted, ``done`` (S: its terminal status). ``done`` is set at most
+  once (a conditional write in the same transaction as the counter), so a retried or duplicated
+  job event never counts twice.
 
 Status changes are conditional on the current status (:meth:`BatchStore.transition`), as job
 transitions are.
@@ -201,23 +201,27 @@ class BatchStore:
         return from_item(resp["Attributes"])
 
     # ------------------------------------------------------------------ lines
-    def put_lines(self, batch_id: str, lines: builtins.list[tuple[str, int, int]]) -> None:
+    def put_lines(
+        self, batch_id: str, lines: builtins.list[tuple[str, int, int]], *, ttl: int
+    ) -> None:
         """Record lines ``(custom_id, index, line number)`` of the batch before their jobs are
-        submitted (``index``: 0-based among the file's requests). Each is an UpdateItem that
-        leaves ``done`` and ``line_job`` alone, so a re-run of the expander keeps what is
-        there."""
+        submitted (``index``: 0-based among the file's requests; ``ttl``: the batch record's,
+        epoch seconds). Each is an UpdateItem that leaves ``done`` and ``line_job`` alone, so a
+        re-run of the expander keeps what is there."""
         for custom_id, index, number in lines:
             self.ddb.update_item(
                 TableName=self.table,
                 Key={"job_id": {"S": line_key(batch_id, custom_id)}},
                 UpdateExpression="SET tenant = :p, batch_of = :b, custom_id = :c, "
-                "line = :n, idx = :i",
+                "line = :n, idx = :i, #ttl = :ttl",
+                ExpressionAttributeNames={"#ttl": "ttl"},
                 ExpressionAttributeValues={
                     ":p": {"S": lines_partition(batch_id)},
                     ":b": {"S": batch_id},
                     ":c": {"S": custom_id},
                     ":n": {"N": str(number)},
                     ":i": {"N": str(index)},
+                    ":ttl": {"N": str(ttl)},
                 },
             )
 

@@ -163,7 +163,8 @@ class Expander:
         k = start // size
         chunk = read_chunk(self.settings, record, k)
         todo = [(k * size + n, entry) for n, entry in enumerate(chunk) if k * size + n >= start]
-        self.store.put_lines(batch_id, [(e[1], idx, e[0]) for idx, e in todo])
+        ttl_epoch = int(record.get("ttl") or 0) or int(time.time()) + 30 * 86400
+        self.store.put_lines(batch_id, [(e[1], idx, e[0]) for idx, e in todo], ttl=ttl_epoch)
         # The whole window, not what is left of it: the job's body (and so its idempotency key's
         # digest) must be the same when a chunk is run again; the window's end cancels the rest.
         ttl = max(10, min(259200, int(record["expires_at"]) - int(record["created_at"])))
