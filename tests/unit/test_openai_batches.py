@@ -351,3 +351,20 @@ def test_a_batch_ended_before_expansion_lists_unrun_lines(
     errs = read_file(settings, batch.error_file_id)
     assert sorted(e["custom_id"] for e in errs) == ["c0", "c1", "c2"]
     assert batch.request_counts is not None and batch.request_counts.failed == 3
+
+
+def test_an_end_out_of_time_hands_the_rest_to_another_invocation(
+    api: ApiCaller, settings: Settings
+) -> None:
+    fid = upload(settings, TENANT, [chat_line(f"c{i}") for i in range(3)])
+    _, out = create(api, fid)
+    run_batch_queue(settings)
+    api("POST", f"/openai/v1/batches/{out['id']}/cancel")
+    sqs = clients.client("sqs", settings)
+    sqs.purge_queue(QueueUrl=settings.batch_queue_url)  # the cancel's own "end" (and checks)
+    Expander(settings).handle({"op": "end", "batch_id": out["id"]}, time.monotonic() - 1)
+    assert {j["status"] for j in line_jobs(settings, TENANT)} == {"queued"}  # nothing yet
+    assert run_batch_queue(settings) >= 1  # the handed-on "end" cancels them
+    run_events(settings)
+    assert {j["status"] for j in line_jobs(settings, TENANT)} == {"cancelled"}
+    assert get(api, out["id"]).status == "cancelled"

@@ -73,6 +73,8 @@ class Expander:
         self.jobs = jobs or JobService(settings)
         self.sqs = clients.client("sqs", settings)
         self.files = FileStore(clients.client("s3", settings), settings.bucket)
+        #: ``time.monotonic()`` time by which the current operation stops (see :meth:`handle`).
+        self.deadline = float("inf")
 
     def handle(self, message: dict[str, Any], deadline: float) -> None:
         """Run one message; ``deadline`` is a ``time.monotonic()`` time to stop expanding by.
@@ -80,6 +82,7 @@ class Expander:
         Raises:
             InternalError: a job could not be submitted (the message is retried).
         """
+        self.deadline = deadline
         record = self.store.get(str(message.get("batch_id", "")))
         if record is None:
             log.warning("batch queue message for no batch: %s", message)
@@ -240,13 +243,27 @@ class Expander:
             for ln in self.store.lines(batch_id)
             if ln.get("line_job") and not ln.get("done")
         ]
-        self._cancel_jobs(record["owner"], open_jobs)
+        if not self._cancel_jobs(record["owner"], open_jobs):
+            # Out of time (tens of thousands of lines): the rest in another invocation.
+            enqueue(self.sqs, self.settings, {"op": "end", "batch_id": batch_id})
+            return
         maybe_finalize(self.settings, batch_id)
 
-    def _cancel_jobs(self, tenant: str, job_ids: list[str]) -> None:
-        for job_id in job_ids:
+    def _cancel_jobs(self, tenant: str, job_ids: list[str]) -> bool:
+        """Cancel jobs side by side until this invocation's deadline; returns whether every one
+        was cancelled (or was already terminal)."""
+
+        def cancel(job_id: str) -> None:
             with contextlib.suppress(Conflict, NotFound):  # terminal: its event counts it
                 self.jobs.cancel(tenant, job_id)
+
+        step = SUBMIT_THREADS * 4
+        with ThreadPoolExecutor(max_workers=SUBMIT_THREADS) as pool:
+            for i in range(0, len(job_ids), step):
+                if time.monotonic() >= self.deadline:
+                    return False
+                list(pool.map(cancel, job_ids[i : i + step]))
+        return True
 
     def check(self, record: dict[str, Any]) -> None:
         """The batch's periodic check (see the module's docstring); enqueues the next one
