@@ -32,6 +32,7 @@ from constructs import Construct
 from asyncinfer.core import envvars as ev
 from asyncinfer.core import naming, topology
 from infra.components.api import JobsApi
+from infra.components.batches import BatchProcessing
 from infra.components.ecs_workers import EcsWorkers, image_excludes
 from infra.components.function import METRICS_NAMESPACE, PythonFunction, powertools_layer
 from infra.components.inputs import grant_input_locations
@@ -222,6 +223,19 @@ class AsyncInferStack(Stack):
         )
         self.webhooks.grant_secrets(self.api_fn)  # tenants' secrets: the API and dispatcher only
 
+        # OpenAI batches: the expander submits jobs as the API does (wake grants below).
+        self.batches = BatchProcessing(
+            self,
+            "Batches",
+            topic=self.events_topic,
+            table=self.table,
+            bucket=self.bucket,
+            environment=env,
+            function_props=fn_common,
+            grant_submit=lambda fn: self.queues.grant_job_queues(fn, SEND_ACTIONS),
+        )
+        self.batches.grant_create(self.api_fn)
+
         # ---------------------------------------------------------------- compute
         image = ecr_assets.DockerImageAsset(
             self,
@@ -300,6 +314,8 @@ class AsyncInferStack(Stack):
             # Wake-on-submit: the API takes a service at zero to one task at once.
             self.ecs.grant_wake(self.api_fn)
             self.api_fn.add_environment(ev.ECS_CLUSTER, self.ecs.cluster.cluster_name)
+            self.ecs.grant_wake(self.batches.expander)
+            self.batches.expander.add_environment(ev.ECS_CLUSTER, self.ecs.cluster.cluster_name)
             events.Rule(
                 self,
                 "BacklogSchedule",
@@ -348,6 +364,7 @@ class AsyncInferStack(Stack):
             ).function
             self.sagemaker.grant_invoke_async(self.bridge_fn)
             self.sagemaker.grant_wake(self.api_fn)
+            self.sagemaker.grant_wake(self.batches.expander)
             self.table.grant_read_write_data(self.bridge_fn)
             self.bucket.grant_read_write(self.bridge_fn, "inputs/*")
             self.events_topic.grant_publish(self.bridge_fn)
@@ -405,6 +422,8 @@ class AsyncInferStack(Stack):
 
         if alarm_topic is not None:
             self.webhooks.dlq_alarm.add_alarm_action(cw_actions.SnsAction(alarm_topic))
+            for alarm in self.batches.alarms:
+                alarm.add_alarm_action(cw_actions.SnsAction(alarm_topic))
 
         CfnOutput(self, "ApiUrl", value=self.api.api.url_for_path("/v1"))
         CfnOutput(self, "ApiKeyId", value=self.api.default_key.key_id)

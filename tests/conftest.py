@@ -37,9 +37,12 @@ def reset_caches() -> None:
     from asyncinfer.core.settings import get_settings
     from asyncinfer.functions.api import app as api_app
     from asyncinfer.functions.dlq import _handler
+    from asyncinfer.openai_api import expansion, routes_batches
 
     get_settings.cache_clear()
     api_app.service.cache_clear()
+    routes_batches.service.cache_clear()
+    expansion._expander.cache_clear()
     _handler.cache_clear()
     clients.reset()
 

@@ -248,6 +248,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_batch(args: argparse.Namespace) -> int:
     from asyncinfer.client import read_batch
 
+    if args.server:
+        return _server_batch(args)
     out, _ = _consoles()
     read_batch(args.file, args.batch_id)  # check the file before anything is sent
     with _client(args) as client:
@@ -278,6 +280,59 @@ def cmd_batch(args: argparse.Namespace) -> int:
             highlight=False,
         )
     return EXIT_OK if summary.ok else EXIT_JOB_FAILED
+
+
+def _server_batch(args: argparse.Namespace) -> int:
+    """``batch --server``: the service runs an OpenAI batch file (spec openai.md)."""
+    from pathlib import Path
+
+    from asyncinfer.client._protocol import resolve_config
+    from asyncinfer.client.server_batch import ServerBatchError, ServerBatches
+
+    out, err = _consoles()
+    cfg = resolve_config(args.url, args.api_key, timeout=args.http_timeout)
+    runner = ServerBatches(cfg.base_url, cfg.api_key, timeout=max(60.0, args.http_timeout))
+    try:
+        result = runner.run(
+            Path(args.file),
+            Path(args.output),
+            errors=Path(args.errors) if args.errors else None,
+            endpoint=args.endpoint,
+            window=args.completion_window,
+            priority=args.priority,
+            progress=not args.no_progress and not args.json,
+        )
+    except ServerBatchError as exc:
+        err.print(f"asyncinfer batch: {exc}", markup=False, highlight=False)
+        return EXIT_COMMAND_FAILED
+    except TimeoutError as exc:
+        err.print(f"asyncinfer batch: {exc}", markup=False, highlight=False)
+        return EXIT_COMMAND_FAILED
+    batch = result.batch
+    counts = batch.get("request_counts") or {}
+    doc = {
+        "batch_id": batch["id"],
+        "status": batch["status"],
+        "request_counts": counts,
+        "errors": batch.get("errors"),
+        "output": str(result.output) if result.output else None,
+        "error_file": str(result.errors) if result.errors else None,
+        "seconds": round(result.seconds, 3),
+    }
+    if args.json:
+        _print_json(doc)
+    else:
+        out.print(
+            f"{batch['id']} {batch['status']}: {counts.get('completed', 0)} of "
+            f"{counts.get('total', 0)} completed, {counts.get('failed', 0)} failed"
+            + (f" -> {result.output}" if result.output else "")
+            + (f", errors -> {result.errors}" if result.errors else ""),
+            markup=False,
+            highlight=False,
+        )
+        for e in ((batch.get("errors") or {}).get("data") or [])[:20]:
+            err.print(f"  line {e.get('line')}: {e.get('message')}", markup=False)
+    return EXIT_OK if result.ok else EXIT_JOB_FAILED
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -481,6 +536,16 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--no-wait", action="store_true", help="only submit; do not wait")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--batch-id", help="identity for idempotency keys (default: file SHA-256)")
+    s = p.add_argument_group("server-side mode (an OpenAI batch file, run by the service)")
+    s.add_argument(
+        "--server",
+        action="store_true",
+        help="upload FILE (OpenAI batch lines) to /openai/v1, run it there, download the results",
+    )
+    s.add_argument("--endpoint", help="the batch's endpoint (default: the first line's url)")
+    s.add_argument("--completion-window", default="24h", help="24h, or Nm / Nh (1m..72h)")
+    s.add_argument("--priority", choices=["high", "normal", "low"], help="default low")
+    s.add_argument("--errors", metavar="FILE", help="error file (default: OUTPUT.errors.jsonl)")
 
     add("models", cmd_models, "list the deployed models")
     p = add("webhook-secret", cmd_webhook_secret, "print your webhook signing secret (whsec_...)")

@@ -70,6 +70,9 @@ Environment variables (all optional unless a component needs the resource):
 ``ASYNCINFER_WEBHOOK_RETRY_BASE``   first webhook retry delay, seconds; doubles per attempt (5)
 ``ASYNCINFER_WEBHOOK_RETRY_MAX``    largest webhook retry delay, seconds, at most 43200 (3600)
 ``ASYNCINFER_WEBHOOK_RETRY_WINDOW`` seconds a webhook event is retried before its DLQ (86400)
+``ASYNCINFER_BATCH_QUEUE_URL``     SQS queue of the OpenAI batch expander (expand, end, check)
+``ASYNCINFER_BATCH_EVENTS_QUEUE_URL`` SQS queue subscribed to the topic that counts batch lines
+``ASYNCINFER_BATCH_CHUNK``          lines the expander turns into jobs per chunk (500)
 ``ASYNCINFER_COMPUTE``              ``ecs`` or ``sagemaker`` in AWS (workers then emit EMF metrics)
 ``ASYNCINFER_ECS_CLUSTER``          ECS cluster of the worker services (wake on submit, backlog)
 ``ASYNCINFER_ECS_SERVICES``         JSON ``{model_id: ECS service name}`` (wake on submit, backlog;
@@ -195,6 +198,9 @@ class Settings(BaseSettings):
     webhook_retry_window_seconds: float = Field(
         24 * 3600.0, gt=0, validation_alias=ev.WEBHOOK_RETRY_WINDOW
     )
+    batch_queue_url: str = Field("", validation_alias=ev.BATCH_QUEUE_URL)
+    batch_events_queue_url: str = Field("", validation_alias=ev.BATCH_EVENTS_QUEUE_URL)
+    batch_chunk_lines: int = Field(500, gt=0, le=10000, validation_alias=ev.BATCH_CHUNK)
     compute: Literal["", "ecs", "sagemaker"] = Field("", validation_alias=ev.COMPUTE)
     ecs_cluster: str = Field("", validation_alias=ev.ECS_CLUSTER)
     ecs_services: NameMap = Field(default_factory=dict, validation_alias=ev.ECS_SERVICES)

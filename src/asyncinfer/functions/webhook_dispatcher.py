@@ -48,6 +48,7 @@ from asyncinfer.core.observability import instrument, powertools
 from asyncinfer.core.settings import Settings, get_settings
 from asyncinfer.core.timeutil import iso, now, parse
 from asyncinfer.functions.api.schemas import TERMINAL_EVENTS
+from asyncinfer.openai_api.batch_events import BATCH_EVENTS
 from asyncinfer.store import JobStore
 from asyncinfer.webhooks.batch import deliver_batch
 from asyncinfer.webhooks.secrets import SecretStore
@@ -157,8 +158,11 @@ class WebhookDispatcher:
         if record is None or not record.get("webhook"):
             return "skipped"
         hook = json.loads(record["webhook"])
-        if etype not in (hook.get("events") or TERMINAL_EVENTS):
+        # An OpenAI batch (openai_api.batch_events) has its end events; its tenant is its owner.
+        is_batch = job_id.startswith("batch_")
+        if etype not in (hook.get("events") or (BATCH_EVENTS if is_batch else TERMINAL_EVENTS)):
             return "skipped"
+        tenant = str(record.get("owner") if is_batch else record["tenant"])
         msg_id = event_id(job_id, etype, int(data.get("attempts") or 0))
         if msg_id in (record.get("webhook_delivered") or []):
             log.info("webhook %s %s already delivered (%s)", etype, job_id, msg_id)
@@ -167,7 +171,7 @@ class WebhookDispatcher:
             log.info("webhook of %s answered 410 Gone earlier; %s not sent", job_id, etype)
             return "skipped"
 
-        host = _host_key(record["tenant"], hook["url"], self.settings.local_mode)
+        host = _host_key(tenant, hook["url"], self.settings.local_mode)
         window_over = time.time() - _first_try(event, first_received_ms) >= (
             self.settings.webhook_retry_window_seconds
         )
@@ -179,7 +183,7 @@ class WebhookDispatcher:
                 f"webhook {etype} {job_id}: {host} timed out recently; deferred {delay} s"
             )
 
-        headers = sign_headers(body, msg_id, self.secrets.signing_secrets(record["tenant"]))
+        headers = sign_headers(body, msg_id, self.secrets.signing_secrets(tenant))
         started = time.monotonic()
         result = self.sender.send(hook["url"], body.encode("utf-8"), headers, deadline=deadline)
         full_time = deadline is None or deadline - started >= self.sender.timeout - 0.5

@@ -1,8 +1,8 @@
 """Creates the AWS resources of the service on an endpoint (the emulator), shaped as the CDK app
 shapes them in AWS: the job table (keys, GSI, TTL), the bucket, the events topic, a queue per
-model with its dead-letter queue (redrive policy with maxReceiveCount), the webhook queues and
-the KMS key of the webhook secrets. Keys, indexes and queue attributes come from
-:mod:`asyncinfer.core.topology`, which the CDK app reads too."""
+model with its dead-letter queue (redrive policy with maxReceiveCount), the webhook queues, the
+OpenAI batch queues and the KMS key of the webhook secrets. Keys, indexes and queue attributes
+come from :mod:`asyncinfer.core.topology`, which the CDK app reads too."""
 
 from __future__ import annotations
 
@@ -14,11 +14,16 @@ from asyncinfer.aws import clients
 from asyncinfer.core import envvars as ev
 from asyncinfer.core import topology
 from asyncinfer.core.settings import Settings
+from asyncinfer.openai_api.queues import create_batch_queues
 from asyncinfer.webhooks.queues import create_webhook_queues
 from asyncinfer.webhooks.secrets import create_secrets_key
 
 #: SQS message retention, seconds: longer than the largest job TTL (259200 s), as in AWS.
 MESSAGE_RETENTION_SECONDS = topology.JOB_QUEUE_RETENTION_SECONDS
+#: Visibility timeout of the batch queues on the emulator, seconds: longer than an expander
+#: invocation there (30 s), and a failed batch operation or count comes back within a minute
+#: (AWS: six times the consumer's timeout, openai_api.queues).
+BATCH_LOCAL_VISIBILITY = 60
 
 
 @dataclass
@@ -34,6 +39,10 @@ class Resources:
     webhook_queue: str = ""
     webhook_dlq: str = ""
     webhook_secrets_key: str = ""
+    batch_queue: str = ""
+    batch_dlq: str = ""
+    batch_events_queue: str = ""
+    batch_events_dlq: str = ""
 
     @property
     def models(self) -> list[str]:
@@ -51,6 +60,8 @@ class Resources:
                 "queue_urls": self.queues,
                 "models": self.models,
                 "webhook_secrets_key": self.webhook_secrets_key,
+                "batch_queue_url": self.batch_queue,
+                "batch_events_queue_url": self.batch_events_queue,
             }
         )
 
@@ -65,6 +76,8 @@ class Resources:
             ev.WEBHOOK_QUEUE_URL: self.webhook_queue,
             ev.WEBHOOK_DLQ_URL: self.webhook_dlq,
             ev.WEBHOOK_SECRETS_KEY: self.webhook_secrets_key,
+            ev.BATCH_QUEUE_URL: self.batch_queue,
+            ev.BATCH_EVENTS_QUEUE_URL: self.batch_events_queue,
         }
 
 
@@ -149,6 +162,10 @@ def create_resources(
         res.event_log_queue = url
     # The webhook dispatcher's queue (subscribed to the topic) and its dead-letter queue.
     res.webhook_queue, res.webhook_dlq = create_webhook_queues(sqs, sns, topic_arn, prefix)
+    # The OpenAI batch expander's queue and the batch-events queue (subscribed to the topic).
+    batch = create_batch_queues(sqs, sns, topic_arn, prefix, visibility=BATCH_LOCAL_VISIBILITY)
+    res.batch_queue, res.batch_dlq = batch["queue"], batch["dlq"]
+    res.batch_events_queue, res.batch_events_dlq = batch["events"], batch["events_dlq"]
     # The KMS key that encrypts tenants' webhook signing secrets (as in AWS).
     kms = clients.client("kms", settings)
     res.webhook_secrets_key = create_secrets_key(kms, f"alias/{prefix}-webhook-secrets")

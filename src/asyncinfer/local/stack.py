@@ -64,6 +64,8 @@ def emit_line(line: str) -> None:
 
 DLQ_HANDLER = "asyncinfer.functions.dlq:handler"
 WEBHOOK_HANDLER = "asyncinfer.functions.webhook_dispatcher:handler"
+BATCH_HANDLER = "asyncinfer.openai_api.expansion:lambda_handler"
+BATCH_EVENTS_HANDLER = "asyncinfer.openai_api.finalize:lambda_handler"
 #: Seconds a worker gets between SIGTERM and SIGKILL when the stack stops.
 WORKER_STOP_SECONDS = 9.0
 
@@ -230,6 +232,13 @@ class LocalStack:
         threading.Thread(target=self._dlq_loop, name="dlq", daemon=True).start()
         threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True).start()
         threading.Thread(target=self._webhook_loop, name="webhooks", daemon=True).start()
+        for url, target, name in (
+            (self.resources.batch_queue, BATCH_HANDLER, "batches"),
+            (self.resources.batch_events_queue, BATCH_EVENTS_HANDLER, "batch-events"),
+        ):
+            threading.Thread(
+                target=self._queue_loop, args=(url, target, name), name=name, daemon=True
+            ).start()
 
         doc = {
             "api_url": self.gateway.url,
@@ -241,6 +250,8 @@ class LocalStack:
             "dead_letter_queues": self.resources.dlqs,
             "webhook_queue": self.resources.webhook_queue,
             "webhook_dead_letter_queue": self.resources.webhook_dlq,
+            "batch_queue": self.resources.batch_queue,
+            "batch_events_queue": self.resources.batch_events_queue,
             "table": self.resources.table,
             "bucket": self.resources.bucket,
             "topic_arn": self.resources.topic_arn,
@@ -384,6 +395,21 @@ class LocalStack:
                 if self.stop_event.is_set():
                     return
                 log.exception("webhook dispatcher failed")
+                time.sleep(1)
+
+    def _queue_loop(self, url: str, target: str, name: str) -> None:
+        """Feed a queue's messages to a Lambda handler as SQS events (the OpenAI batch expander
+        and the batch-line counter), as their event source mappings do in AWS."""
+        assert self.pool is not None
+        pool = self.pool
+        sqs = clients.client("sqs", self.settings)
+        while not self.stop_event.is_set():
+            try:
+                pump_once(sqs, url, lambda ev: pool.invoke(target, ev, name))
+            except Exception:
+                if self.stop_event.is_set():
+                    return
+                log.exception("%s handler failed", name)
                 time.sleep(1)
 
     # ------------------------------------------------------------------ stop

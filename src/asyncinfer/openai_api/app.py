@@ -23,6 +23,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from asyncinfer.core.errors import ApiError, InvalidJson, InvalidRequest, NotFound
 from asyncinfer.openai_api.errors import from_api_error
+from asyncinfer.openai_api.routes_batches import router as batches_router
 from asyncinfer.openai_api.routes_files import router as files_router
 
 #: A child of the API Lambda's logger (same service, same correlation id).
@@ -33,9 +34,7 @@ PREFIX = "/openai/v1"
 
 app = APIGatewayRestResolver(enable_validation=True)
 app.include_router(files_router, prefix=PREFIX)
-# Batches (issue 15, the `oaibatch` work) mount here the same way:
-#     from asyncinfer.openai_api.routes_batches import router as batches_router
-#     app.include_router(batches_router, prefix=PREFIX)
+app.include_router(batches_router, prefix=PREFIX)
 
 
 def error_response(exc: ApiError) -> Response:

@@ -1,0 +1,320 @@
+"""The batch expander: a Lambda fed by the batch queue (on the local stack the same handler,
+fed by :mod:`asyncinfer.local.event_source`). Messages ``{"op", "batch_id"}``:
+
+* ``expand``: a ``validating`` batch's file is read and validated whole (:mod:`.validation`):
+  any bad line -> ``failed`` with ``errors.data`` naming the lines; else its requests are stored
+  in chunks (:mod:`.chunks`), ``total`` set, and the batch is ``in_progress``. Then chunks are
+  turned into jobs through :meth:`JobService.submit` until the invocation's time budget is spent,
+  and the rest is enqueued again (``expand``), so 50,000 lines never meet an API or Lambda
+  timeout. Each line's job has the idempotency key ``<batch id>:<digest of custom_id>``, so a
+  re-run of a chunk (a crash, a duplicate message) returns the jobs it made instead of new ones;
+  ``next_line`` on the batch moves on only after a chunk (conditional on where it was).
+  Jobs run at the batch's priority, ``metadata`` ``batch_id`` and ``custom_id``, with the
+  window as their TTL (the same body on every run; the window's end cancels what is left).
+* ``end``: a batch being ended early (``ending`` set: ``cancelled`` by the client, ``expired`` by
+  ``check``) stops expanding and its lines not finished are cancelled through
+  :meth:`JobService.cancel` (running ones stop at their next step); the last one's event
+  finalizes the batch (:mod:`.finalize`).
+* ``check``: one chain per batch, begun at create, at most every 15 minutes (SQS's largest
+  delay) and at the window's end: a batch past ``expires_at`` is ended ``expired``; a batch that is
+  ready is finalized (a missed event); a finalization that died is run again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from typing import Any
+
+from asyncinfer.aws import clients
+from asyncinfer.core.errors import ApiError, Conflict, InternalError, NotFound, TransitionRefused
+from asyncinfer.core.settings import Settings, get_settings
+from asyncinfer.functions.api.schemas import JobRequest
+from asyncinfer.jobs import JobService
+from asyncinfer.openai_api import batch_store as bs
+from asyncinfer.openai_api.batch_events import publish_batch_event
+from asyncinfer.openai_api.batch_store import BatchStore
+from asyncinfer.openai_api.batches import enqueue
+from asyncinfer.openai_api.chunks import read_chunk, write_chunks
+from asyncinfer.openai_api.files import FileStore
+from asyncinfer.openai_api.finalize import finalize, maybe_finalize
+from asyncinfer.openai_api.validation import MAX_FILE_BYTES, validate_file
+
+log = logging.getLogger("asyncinfer.openai.expansion")
+
+#: Lines of a chunk submitted side by side (boto3 clients are thread-safe).
+SUBMIT_THREADS = 16
+#: Seconds of an invocation kept back from expanding (writes, the next message).
+RESERVE_SECONDS = 30.0
+#: Time budget of one invocation without a Lambda context, seconds.
+DEFAULT_BUDGET_SECONDS = 60.0
+#: A finalization older than this is taken to have died and is run again, seconds.
+FINALIZE_STALE_SECONDS = 900
+#: Delay of the check of a batch being ended, seconds.
+ENDING_CHECK_SECONDS = 30
+
+
+def idempotency_key(batch_id: str, custom_id: str) -> str:
+    """The ``Idempotency-Key`` of a line's job (api.md: 1..255 characters)."""
+    return f"{batch_id}:{hashlib.sha256(custom_id.encode()).hexdigest()[:40]}"
+
+
+class Expander:
+    """Runs the batch queue's operations (see the module's docstring)."""
+
+    def __init__(self, settings: Settings, jobs: JobService | None = None) -> None:
+        self.settings = settings
+        self.store = BatchStore(settings)
+        self.jobs = jobs or JobService(settings)
+        self.sqs = clients.client("sqs", settings)
+        self.files = FileStore(clients.client("s3", settings), settings.bucket)
+        #: ``time.monotonic()`` time by which the current operation stops (see :meth:`handle`).
+        self.deadline = float("inf")
+
+    def handle(self, message: dict[str, Any], deadline: float) -> None:
+        """Run one message; ``deadline`` is a ``time.monotonic()`` time to stop expanding by.
+
+        Raises:
+            InternalError: a job could not be submitted (the message is retried).
+        """
+        self.deadline = deadline
+        record = self.store.get(str(message.get("batch_id", "")))
+        if record is None:
+            log.warning("batch queue message for no batch: %s", message)
+            return
+        op = message.get("op")
+        if op == "expand":
+            self.expand(record, deadline)
+        elif op == "end":
+            self.end(record)
+        elif op == "check":
+            self.check(record)
+        else:
+            log.error("unknown batch queue op: %s", message)
+
+    # ------------------------------------------------------------------ expand
+    def validate(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """Validate a ``validating`` batch's file; returns the record ``in_progress``, or
+        ``None`` where it failed (or moved on meanwhile)."""
+        batch_id = record["job_id"]
+        try:
+            data = self.files.read(
+                record["owner"], record["input_file_id"], max_bytes=MAX_FILE_BYTES
+            )
+            lines, errors = validate_file(data, record["endpoint"], self.settings.models)
+        except NotFound:
+            lines, errors = [], [_error("file_not_found", "the input file is gone")]
+        except ValueError as exc:
+            lines, errors = [], [_error("too_large", str(exc))]
+        if errors:
+            try:
+                failed = self.store.transition(
+                    batch_id,
+                    from_status=bs.VALIDATING,
+                    to_status=bs.FAILED,
+                    set_fields={"errors": json.dumps(errors)},
+                )
+            except TransitionRefused:
+                return None
+            publish_batch_event(self.settings, failed)
+            return None
+        size = max(1, self.settings.batch_chunk_lines)
+        write_chunks(self.settings, record["owner"], batch_id, lines, size)
+        try:
+            return self.store.transition(
+                batch_id,
+                from_status=bs.VALIDATING,
+                to_status=bs.IN_PROGRESS,
+                set_fields={"total": len(lines), "model": lines[0].model, "chunk_lines": size},
+            )
+        except TransitionRefused:
+            return None
+
+    def expand(self, record: dict[str, Any], deadline: float) -> None:
+        """Validate (if needed) and expand chunks until ``deadline``; then enqueue the rest."""
+        if record["status"] == bs.VALIDATING:
+            validated = self.validate(record)
+            if validated is None:
+                current = self.store.get(record["job_id"])
+                if current is not None and current.get("ending"):
+                    self.end(current)
+                return
+            record = validated
+        while record["status"] == bs.IN_PROGRESS and not record.get("expanded"):
+            if record.get("ending"):
+                self.end(record)
+                return
+            if time.monotonic() >= deadline:
+                enqueue(self.sqs, self.settings, {"op": "expand", "batch_id": record["job_id"]})
+                return
+            record = self.expand_chunk(record)
+        if record.get("ending"):
+            self.end(record)
+
+    def expand_chunk(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Turn the chunk at ``next_line`` into jobs; returns the record after it."""
+        batch_id, tenant = record["job_id"], record["owner"]
+        size = int(record["chunk_lines"])
+        start, total = int(record.get("next_line", 0)), int(record["total"])
+        if start >= total:
+            return self._expanded(record)
+        k = start // size
+        chunk = read_chunk(self.settings, record, k)
+        todo = [(k * size + n, entry) for n, entry in enumerate(chunk) if k * size + n >= start]
+        ttl_epoch = int(record.get("ttl") or 0) or int(time.time()) + 30 * 86400
+        self.store.put_lines(batch_id, [(e[1], idx, e[0]) for idx, e in todo], ttl=ttl_epoch)
+        # The whole window, not what is left of it: the job's body (and so its idempotency key's
+        # digest) must be the same when a chunk is run again; the window's end cancels the rest.
+        ttl = max(10, min(259200, int(record["expires_at"]) - int(record["created_at"])))
+        priority = str(record.get("priority", "low"))
+        with ThreadPoolExecutor(max_workers=SUBMIT_THREADS) as pool:
+            results = list(
+                pool.map(
+                    lambda e: self._submit_line(batch_id, tenant, priority, ttl, e),
+                    [entry for _idx, entry in todo],
+                )
+            )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:  # the chunk is run again later, idempotently
+            raise errors[0]
+        made = [r for r in results if isinstance(r, str)]
+        self.store.advance(batch_id, start, k * size + len(chunk))
+        current = self.store.get(batch_id) or record
+        if current.get("ending"):
+            self._cancel_jobs(tenant, made)
+        return current
+
+    def _submit_line(
+        self, batch_id: str, tenant: str, priority: str, ttl: int, entry: list[Any]
+    ) -> str | BaseException | None:
+        """Submit one line's job and note it on the line; returns the job id, ``None`` where
+        the service refused the line now (counted failed with the API's error), or the
+        exception that must make the chunk run again."""
+        _number, custom_id, model, data = entry
+        req = JobRequest(
+            model=model,
+            input=data,
+            priority=priority,  # type: ignore[arg-type]
+            ttl_seconds=ttl,
+            metadata={"batch_id": batch_id, "custom_id": custom_id},
+        )
+        try:
+            job, _ = self.jobs.submit(
+                tenant, req, idempotency_key=idempotency_key(batch_id, custom_id)
+            )
+        except (InternalError, Conflict) as exc:
+            # Conflict: another run holds this line's key right now (a duplicate message).
+            return exc
+        except ApiError as exc:  # refused now (e.g. the model is no longer deployed)
+            self.store.count_line(
+                batch_id,
+                custom_id,
+                None,
+                "failed",
+                succeeded=False,
+                error={"code": exc.code, "message": exc.message},
+            )
+            return None
+        except Exception as exc:  # an AWS error: retried with the chunk
+            return exc
+        self.store.set_line_job(batch_id, custom_id, job["id"])
+        return str(job["id"])
+
+    def _expanded(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Expansion is over: note it and finalize if every line is already done."""
+        self.store.update(record["job_id"], {"expanded": True})
+        maybe_finalize(self.settings, record["job_id"])
+        return self.store.get(record["job_id"]) or record
+
+    # ------------------------------------------------------------------ end and check
+    def end(self, record: dict[str, Any]) -> None:
+        """Stop expanding a batch being ended and cancel its lines not finished."""
+        batch_id = record["job_id"]
+        if record["status"] in bs.TERMINAL or record["status"] == bs.FINALIZING:
+            return
+        self.store.update(batch_id, {"expanded": True})
+        open_jobs = [
+            str(ln["line_job"])
+            for ln in self.store.lines(batch_id)
+            if ln.get("line_job") and not ln.get("done")
+        ]
+        if not self._cancel_jobs(record["owner"], open_jobs):
+            # Out of time (tens of thousands of lines): the rest in another invocation.
+            enqueue(self.sqs, self.settings, {"op": "end", "batch_id": batch_id})
+            return
+        maybe_finalize(self.settings, batch_id)
+
+    def _cancel_jobs(self, tenant: str, job_ids: list[str]) -> bool:
+        """Cancel jobs side by side until this invocation's deadline; returns whether every one
+        was cancelled (or was already terminal)."""
+
+        def cancel(job_id: str) -> None:
+            with contextlib.suppress(Conflict, NotFound):  # terminal: its event counts it
+                self.jobs.cancel(tenant, job_id)
+
+        step = SUBMIT_THREADS * 4
+        with ThreadPoolExecutor(max_workers=SUBMIT_THREADS) as pool:
+            for i in range(0, len(job_ids), step):
+                if time.monotonic() >= self.deadline:
+                    return False
+                list(pool.map(cancel, job_ids[i : i + step]))
+        return True
+
+    def check(self, record: dict[str, Any]) -> None:
+        """The batch's periodic check (see the module's docstring); enqueues the next one
+        unless the batch ended."""
+        batch_id = record["job_id"]
+        status = record["status"]
+        if status in bs.TERMINAL:
+            return
+        now = time.time()
+        if status == bs.FINALIZING:
+            if now - int(record.get("finalizing_at") or now) >= FINALIZE_STALE_SECONDS:
+                finalize(self.settings, record)
+                return
+        elif not record.get("ending") and now >= int(record["expires_at"]):
+            if self.store.update(batch_id, {"ending": bs.EXPIRED}, status=status):
+                record = self.store.get(batch_id) or record
+                self.end(record)
+        else:
+            maybe_finalize(self.settings, batch_id)
+        current = self.store.get(batch_id) or record
+        if current["status"] in bs.TERMINAL:
+            return
+        delay = (
+            ENDING_CHECK_SECONDS
+            if current.get("ending") or current["status"] == bs.FINALIZING
+            else max(1, int(current["expires_at"]) - int(time.time()))
+        )
+        enqueue(self.sqs, self.settings, {"op": "check", "batch_id": batch_id}, delay=delay)
+
+
+def _error(code: str, message: str) -> dict[str, Any]:
+    return {"code": code, "message": message, "param": None, "line": None}
+
+
+@lru_cache(maxsize=1)
+def _expander() -> Expander:
+    return Expander(get_settings())
+
+
+def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """The expander Lambda (SQS event source with ``ReportBatchItemFailures``, batch size 1):
+    each record is one operation; one that raises is reported failed and comes back."""
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    left = remaining() / 1000 if callable(remaining) else None
+    budget = left - min(RESERVE_SECONDS, left / 3) if left is not None else None
+    deadline = time.monotonic() + (budget if budget and budget > 0 else DEFAULT_BUDGET_SECONDS)
+    failures = []
+    for rec in event.get("Records", []):
+        try:
+            _expander().handle(json.loads(rec["body"]), deadline)
+        except Exception:
+            log.exception("batch operation failed: %.200s", rec.get("body"))
+            failures.append({"itemIdentifier": rec["messageId"]})
+    return {"batchItemFailures": failures}
