@@ -7,7 +7,7 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-#: Table design of :mod:`asyncinfer.store` (partition key, GSI, TTL attribute).
+#: Table design of :mod:`asyncinfer.jobs.store` (partition key, GSI, TTL attribute).
 PARTITION_KEY = "job_id"
 TENANT_INDEX = "tenant-index"
 QUEUED_INDEX = "queued-expiry-index"
@@ -23,7 +23,7 @@ class JobTable(Construct):
     and the sparse GSI ``queued-expiry-index`` (``queued_mark`` S / ``expires_epoch`` N, keys
     only) that the expiry sweeper queries, and the sparse GSI ``running-lease-index``
     (``running_mark`` S / ``lease_expires_epoch`` N, keys only) where the sweeper finds running
-    jobs whose lease lapsed (:mod:`asyncinfer.store`, :mod:`asyncinfer.leases`).
+    jobs whose lease lapsed (:mod:`asyncinfer.jobs.store`, :mod:`asyncinfer.jobs.leases`).
 
     Args:
         removal_policy: RETAIN keeps the records when the stack is deleted.

@@ -22,11 +22,11 @@ from pydantic import ValidationError
 
 from asyncinfer import lifecycle
 from asyncinfer.errors import TransitionRefused
-from asyncinfer.events import EventPublisher
-from asyncinfer.messages import JobMessage
+from asyncinfer.jobs.events import EventPublisher
+from asyncinfer.jobs.messages import JobMessage
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.observability import instrument, powertools
 from asyncinfer.settings import Settings, get_settings
-from asyncinfer.store import JobStore
 from asyncinfer.timeutil import iso, now
 
 log = logging.getLogger("asyncinfer.dlq")

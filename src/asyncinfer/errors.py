@@ -92,7 +92,7 @@ class PayloadTooLarge(ApiError):
 
 class RateLimited(ApiError):
     """Too many requests (HTTP 429), e.g. more concurrent ``?wait`` long polls than a tenant may
-    hold (:mod:`asyncinfer.waits`).
+    hold (:mod:`asyncinfer.jobs.waits`).
 
     Args:
         retry_after: seconds after which a retry may succeed; sent as ``Retry-After``

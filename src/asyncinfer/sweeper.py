@@ -7,7 +7,7 @@
   also expire due jobs they meet, so the sweeper's period bounds the delay, not correctness.
 * lease takeover: running jobs whose lease lapsed (no live worker: killed, a SageMaker bridge
   that died before invoking the endpoint, a completion notification that never came) are taken
-  back (:mod:`asyncinfer.leases`): requeued for another attempt, or failed with
+  back (:mod:`asyncinfer.jobs.leases`): requeued for another attempt, or failed with
   ``max_attempts``, or cancelled when a cancel was requested; their event is published. A worker
   job's message comes back by itself once its visibility timeout runs out (its worker no longer
   extends it); a SageMaker job's message was acknowledged when the bridge invoked the endpoint
@@ -29,12 +29,13 @@ from typing import Any
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from asyncinfer import clients, leases, lifecycle
-from asyncinfer.events import EventPublisher
-from asyncinfer.messages import JobMessage
+from asyncinfer import clients, lifecycle
+from asyncinfer.jobs import leases
+from asyncinfer.jobs.events import EventPublisher
+from asyncinfer.jobs.messages import JobMessage
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.observability import instrument, powertools
 from asyncinfer.settings import Settings, get_settings
-from asyncinfer.store import JobStore
 
 log = logging.getLogger("asyncinfer.sweeper")
 
@@ -122,7 +123,7 @@ def _take_back_one(
         sqs.send_message(
             QueueUrl=settings.queue_url(record["model"], record.get("priority") or "normal"),
             MessageBody=message.dumps(),
-            MessageGroupId=message.group_id,  # fair queues (asyncinfer.messages)
+            MessageGroupId=message.group_id,  # fair queues (asyncinfer.jobs.messages)
         )
     return leases.take_back(store, record, now_epoch, settings)
 

@@ -275,7 +275,7 @@ def test_chaos_run_every_job_terminal_one_output_no_extra_runs(
     assert not extra, f"jobs run more often than their attempts: {extra}\n" + "\n".join(lines)
     # Known bug (issue 14, behaviour 6, not fixed here): the non-terminal events of a job are
     # lost when SNS fails. The API logs and drops a job.queued it cannot publish
-    # (asyncinfer.jobs.JobService.submit), and a worker that dies with an unpublished
+    # (asyncinfer.jobs.service.JobService.submit), and a worker that dies with an unpublished
     # job.started buffered (asyncinfer.worker.journal) loses it: the next delivery republishes
     # only the terminal event (tests/integration/test_worker_events.py asserts just that).
     seen = {(m.group(2), m.group(1)) for line in list(stack.lines) if (m := EVENT_RE.match(line))}

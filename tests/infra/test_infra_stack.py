@@ -82,7 +82,7 @@ RUNNING_LEASE_INDEX = {
 def test_running_lease_index_is_sparse_keys_only(any_mode: Any) -> None:
     """The sweeper finds running jobs whose lease lapsed through this GSI (issue 14), keyed as
     the store keys it (the local stack's table: tests/unit/test_leases.py)."""
-    from asyncinfer.store import RUNNING_INDEX
+    from asyncinfer.jobs.record import RUNNING_INDEX
 
     (table,) = any_mode.props("AWS::DynamoDB::Table")
     index = next(i for i in table["GlobalSecondaryIndexes"] if i["IndexName"] == RUNNING_INDEX)

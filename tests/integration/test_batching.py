@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from asyncinfer.jobs import JobService
+from asyncinfer.jobs.service import JobService
 from asyncinfer.local.resources import create_resources
 from asyncinfer.models.base import WorkItem
 from asyncinfer.models.registry import MODELS

@@ -18,12 +18,12 @@ from standardwebhooks import Webhook
 
 from asyncinfer import clients
 from asyncinfer.api.schemas import JobRequest
-from asyncinfer.events import EventPublisher
-from asyncinfer.jobs import JobService
+from asyncinfer.jobs.events import EventPublisher
+from asyncinfer.jobs.service import JobService
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.local.event_source import pump_once
 from asyncinfer.local.stack import free_port
 from asyncinfer.settings import Settings
-from asyncinfer.store import JobStore
 from asyncinfer.webhooks.dispatcher import WebhookDispatcher, make_handler
 from asyncinfer.webhooks.secrets import SecretStore
 from asyncinfer.webhooks.sender import WebhookSender

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncinfer import clients
-from asyncinfer.events import EventPublisher
+from asyncinfer.jobs.events import EventPublisher
 from asyncinfer.payloads import PayloadStore
 from tests.integration.conftest import Env, WorkerThread
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from asyncinfer import clients, sweeper
+from asyncinfer.jobs.messages import JobMessage, message_group_id
 from asyncinfer.local.resources import Resources
-from asyncinfer.messages import JobMessage, message_group_id
 from asyncinfer.settings import Settings
 from tests.conftest import ApiCaller
 

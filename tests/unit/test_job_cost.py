@@ -14,8 +14,8 @@ import pytest
 from asyncinfer import job_metrics as jm
 from asyncinfer.api.schemas import JobRequest
 from asyncinfer.errors import InvalidInput
-from asyncinfer.jobs import JobService
-from asyncinfer.jobview import render_job
+from asyncinfer.jobs.service import JobService
+from asyncinfer.jobs.view import render_job
 from asyncinfer.models import base
 from asyncinfer.models.base import ModelHandler, Result, WorkItem
 from asyncinfer.models.registry import MODELS

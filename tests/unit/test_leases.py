@@ -16,15 +16,16 @@ from typing import Any
 import pytest
 
 import asyncinfer.sweeper as sweeper
-from asyncinfer import clients, leases
+from asyncinfer import clients
 from asyncinfer.api.schemas import JobRequest
 from asyncinfer.errors import TransitionRefused
-from asyncinfer.jobs import JobService
+from asyncinfer.jobs import leases
+from asyncinfer.jobs.service import JobService
+from asyncinfer.jobs.store import LEASE_FIELD, JobStore
 from asyncinfer.local.resources import Resources
 from asyncinfer.sagemaker.bridge import Bridge, inference_id
 from asyncinfer.sagemaker.completion import Completion
 from asyncinfer.settings import Settings
-from asyncinfer.store import LEASE_FIELD, JobStore
 from asyncinfer.timeutil import now
 from asyncinfer.worker import runner
 from asyncinfer.worker.inflight import Held
@@ -365,7 +366,7 @@ def test_a_late_notification_of_attempt_1_never_finishes_attempt_2(
 def test_reading_a_job_handed_back_after_its_ttl_does_not_expire_it(
     lset: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import asyncinfer.jobs as jobs
+    import asyncinfer.jobs.service as jobs
 
     store = JobStore(lset)
     job_id = submit(lset, ttl_seconds=10)

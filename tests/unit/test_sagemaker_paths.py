@@ -21,7 +21,8 @@ from moto import mock_aws
 from asyncinfer import clients, lifecycle
 from asyncinfer.api.schemas import JobRequest
 from asyncinfer.backlog import BacklogConfig, backlog_point, publish_backlog_metrics
-from asyncinfer.jobs import JobService
+from asyncinfer.jobs.service import JobService
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.local.resources import Resources
 from asyncinfer.models.echo import EchoHandler
 from asyncinfer.models.registry import MODELS
@@ -30,7 +31,6 @@ from asyncinfer.sagemaker.bridge import Bridge, inference_id
 from asyncinfer.sagemaker.completion import Completion, classify_failure
 from asyncinfer.sagemaker.server import InvocationsApp, make_server
 from asyncinfer.settings import Settings
-from asyncinfer.store import JobStore
 from asyncinfer.timeutil import iso, now
 from tests.conftest import drain_events
 
@@ -404,7 +404,7 @@ def test_backlog_metrics_are_written_as_emf(monkeypatch: pytest.MonkeyPatch) -> 
 def test_cancel_while_the_endpoint_runs_ends_cancelled(
     settings: Settings, resources: Resources
 ) -> None:
-    from asyncinfer.jobs import JobService
+    from asyncinfer.jobs.service import JobService
 
     job_id, answer = run_on_sagemaker(settings, resources, {"data": json.dumps({"n": 1})})
     view = JobService(settings).cancel("t1", job_id)

@@ -9,10 +9,10 @@ import pytest
 from botocore.exceptions import ClientError
 
 from asyncinfer import lifecycle
-from asyncinfer import store as store_module
 from asyncinfer.errors import TransitionRefused
+from asyncinfer.jobs import transitions as store_module
+from asyncinfer.jobs.store import JobStore, Transition
 from asyncinfer.settings import Settings
-from asyncinfer.store import JobStore, Transition
 from tests.unit.helpers import count_calls, new_job
 
 

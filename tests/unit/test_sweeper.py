@@ -8,9 +8,9 @@ import pytest
 
 import asyncinfer.sweeper as sweeper
 from asyncinfer.api.schemas import JobRequest
-from asyncinfer.jobs import JobService
+from asyncinfer.jobs.service import JobService
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.settings import Settings
-from asyncinfer.store import JobStore
 
 
 def submit(settings: Settings, ttl: int) -> str:

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from asyncinfer.events import event_for
+from asyncinfer.jobs.events import event_for
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.settings import Settings
-from asyncinfer.store import JobStore
 from asyncinfer.webhooks.batch import BOOKKEEPING_SECONDS, batch_deadlines
 from asyncinfer.webhooks.dispatcher import WebhookDispatcher, make_handler
 from asyncinfer.webhooks.sender import WebhookSender

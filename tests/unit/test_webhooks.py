@@ -16,10 +16,10 @@ from standardwebhooks import Webhook, WebhookVerificationError
 
 from asyncinfer.api.schemas import JobRequest
 from asyncinfer.errors import ConfigError
-from asyncinfer.events import event_for
-from asyncinfer.jobs import JobService
+from asyncinfer.jobs.events import event_for
+from asyncinfer.jobs.service import JobService
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.settings import Settings
-from asyncinfer.store import JobStore
 from asyncinfer.webhooks import verify
 from asyncinfer.webhooks.dispatcher import (
     WebhookDispatcher,

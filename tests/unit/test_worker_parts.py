@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from asyncinfer.errors import InvalidInput, JobCancelled, TransientError, WorkerStopping
+from asyncinfer.jobs.transitions import Transition
 from asyncinfer.models.base import WorkItem
 from asyncinfer.models.registry import MODELS
 from asyncinfer.models.schemas import EchoInput
 from asyncinfer.settings import INLINE_OUTPUT_LIMIT_BYTES
-from asyncinfer.store import Transition
 from asyncinfer.worker import outcomes
 from asyncinfer.worker.held import HeldMessages
 from asyncinfer.worker.inflight import Held

@@ -1,1 +1,1 @@
-"""The REST API: Powertools' REST event handler over :mod:`asyncinfer.jobs`."""
+"""The REST API: Powertools' REST event handler over :mod:`asyncinfer.jobs.service`."""

@@ -39,7 +39,6 @@ from asyncinfer.api.schemas import (
     ModelList,
     UploadView,
 )
-from asyncinfer.cursors import CURSOR_PATTERN
 from asyncinfer.errors import (
     ApiError,
     InvalidJson,
@@ -47,8 +46,9 @@ from asyncinfer.errors import (
     MethodNotAllowed,
     NotFound,
 )
-from asyncinfer.inputs import UPLOAD_URL_SECONDS, new_upload
-from asyncinfer.jobs import JobService
+from asyncinfer.jobs.cursors import CURSOR_PATTERN
+from asyncinfer.jobs.inputs import UPLOAD_URL_SECONDS, new_upload
+from asyncinfer.jobs.service import JobService
 from asyncinfer.observability import instrument, powertools, single
 from asyncinfer.settings import get_settings
 from asyncinfer.webhooks.secrets import SecretStore, WebhookSecretView
@@ -201,7 +201,7 @@ def get_job(
 ) -> JobView:
     """The job object; ``?wait=N`` (0..20 s) holds until the job is terminal or N s pass. A
     tenant may hold at most ``ASYNCINFER_MAX_WAITS_PER_TENANT`` waits at once; one more is 429
-    ``rate_limited`` with ``Retry-After``, at once (:mod:`asyncinfer.waits`)."""
+    ``rate_limited`` with ``Retry-After``, at once (:mod:`asyncinfer.jobs.waits`)."""
     logger.set_correlation_id(job_id)
     return JobView.model_validate(service().get(tenant(), job_id, wait=wait))
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncinfer import clients
+from asyncinfer.jobs.record import QUEUED_INDEX, RUNNING_INDEX, TENANT_INDEX
 from asyncinfer.settings import Settings
-from asyncinfer.store import QUEUED_INDEX, RUNNING_INDEX, TENANT_INDEX
 from asyncinfer.webhooks.queues import create_webhook_queues
 from asyncinfer.webhooks.secrets import create_secrets_key
 

@@ -1,6 +1,6 @@
 """SQS job messages -> SageMaker asynchronous inference (``InvokeEndpointAsync``).
 
-Per message (:class:`~asyncinfer.messages.JobMessage`):
+Per message (:class:`~asyncinfer.jobs.messages.JobMessage`):
 
 1. a job past ``expires_at`` before its first attempt becomes ``expired`` (event published),
    message acknowledged; a job that started before is not expired but submitted again;
@@ -10,8 +10,9 @@ Per message (:class:`~asyncinfer.messages.JobMessage`):
    ``Settings.lease_interval``) through :meth:`JobStore.transition`. A refused transition
    (cancelled, finished, already submitted) acknowledges the message, except for a job found
    ``running`` whose lease lapsed (a bridge died between marking it running and invoking the
-   endpoint): it is taken back (:mod:`asyncinfer.leases`) and submitted again; one whose lease is
-   live and that was not invoked yet is retried later (another bridge may be invoking it);
+   endpoint): it is taken back (:mod:`asyncinfer.jobs.leases`) and submitted
+   again; one whose lease is live and that was not invoked yet is retried later (another
+   bridge may be invoking it);
 4. ``InvokeEndpointAsync`` with ``InputLocation`` = the input URI, ``InferenceId`` =
    :func:`inference_id` (the job id and the attempt, so that a late notification of an earlier
    attempt is told apart),
@@ -39,11 +40,11 @@ from pydantic import ValidationError
 
 from asyncinfer import clients, lifecycle
 from asyncinfer.errors import TransitionRefused
-from asyncinfer.leases import take_back
-from asyncinfer.messages import JobMessage
+from asyncinfer.jobs.leases import take_back
+from asyncinfer.jobs.messages import JobMessage
+from asyncinfer.jobs.store import LEASE_FIELD, JobStore
 from asyncinfer.payloads import PayloadStore, dumps
 from asyncinfer.settings import Settings
-from asyncinfer.store import LEASE_FIELD, JobStore
 from asyncinfer.timeutil import iso, now, parse
 
 #: SageMaker InvokeEndpointAsync limits, seconds.
@@ -106,7 +107,7 @@ class Bridge:
         self.payloads = payloads or PayloadStore(settings)
         self.runtime = runtime or clients.client("sagemaker-runtime", settings)
         if publish is None:
-            from asyncinfer.events import EventPublisher
+            from asyncinfer.jobs.events import EventPublisher
 
             publish = EventPublisher(settings, self.payloads).publish
         self.publish = publish

@@ -26,10 +26,10 @@ from typing import Any
 
 from asyncinfer import job_metrics, lifecycle
 from asyncinfer.errors import TransitionRefused
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.payloads import PayloadStore, dumps
 from asyncinfer.sagemaker.bridge import parse_inference_id
 from asyncinfer.settings import INLINE_OUTPUT_LIMIT_BYTES, Settings
-from asyncinfer.store import JobStore
 from asyncinfer.timeutil import iso, now, parse
 
 Publish = Callable[[dict[str, Any]], Any]
@@ -91,7 +91,7 @@ class Completion:
         self.store = store or JobStore(settings)
         self.payloads = payloads or PayloadStore(settings)
         if publish is None:
-            from asyncinfer.events import EventPublisher
+            from asyncinfer.jobs.events import EventPublisher
 
             publish = EventPublisher(settings, self.payloads).publish
         self.publish = publish

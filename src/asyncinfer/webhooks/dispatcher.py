@@ -25,7 +25,7 @@ delivery (in AWS: this module's :func:`lambda_handler` behind an SQS event sourc
 The job record keeps ``webhook_status`` (``pending`` / ``delivered`` / ``failed``),
 ``webhook_attempts``, ``webhook_last_http_status``, ``webhook_last_response`` (at most 1 KB),
 ``webhook_last_error``, ``webhook_last_attempt_at``, ``webhook_delivered`` (ids, a string set) and
-``webhook_gone``; :mod:`asyncinfer.jobview` shows the first three.
+``webhook_gone``; :mod:`asyncinfer.jobs.view` shows the first three.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ from botocore.exceptions import ClientError
 
 from asyncinfer import clients
 from asyncinfer.api.schemas import TERMINAL_EVENTS
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.observability import instrument, powertools
 from asyncinfer.settings import Settings, get_settings
-from asyncinfer.store import JobStore
 from asyncinfer.timeutil import iso, now, parse
 from asyncinfer.webhook_urls import ForbiddenAddress, parse_url
 from asyncinfer.webhooks.batch import deliver_batch

@@ -19,8 +19,8 @@ from typing import Any
 
 from asyncinfer import lifecycle
 from asyncinfer.errors import TransitionRefused
-from asyncinfer.events import EventPublisher
-from asyncinfer.store import JobStore, Transition
+from asyncinfer.jobs.events import EventPublisher
+from asyncinfer.jobs.store import JobStore, Transition
 from asyncinfer.worker.held import HeldMessages
 from asyncinfer.worker.inflight import Held
 
@@ -117,7 +117,7 @@ class Journal:
         """Write the pending terminal records and ``starts`` (called under the lock): the
         batched ones in TransactWriteItems calls, the others alone; queue the events of the
         written ones and their messages' deletion. Returns the outcomes of ``starts``
-        (:meth:`~asyncinfer.store.JobStore.transition_many`)."""
+        (:meth:`~asyncinfer.jobs.store.JobStore.transition_many`)."""
         pending, self.pending = self.pending, []
         batched = [f for f in pending if not f.alone]
         for f in pending:
@@ -146,7 +146,7 @@ class Journal:
 
         * terminal, or gone: the job needs no message; it is deleted;
         * ``queued`` at this attempt: taken back after this worker's lease lapsed
-          (:mod:`asyncinfer.leases`) and no other attempt started; the next one needs the
+          (:mod:`asyncinfer.jobs.leases`) and no other attempt started; the next one needs the
           message, released now;
         * anything else (``running`` or ``queued`` under a newer attempt): another worker
           received the message again while this one was stalled (its visibility lapsed too), and

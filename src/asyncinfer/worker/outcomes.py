@@ -14,9 +14,9 @@ from typing import Any
 
 from asyncinfer import lifecycle
 from asyncinfer.errors import JobCancelled, JobError, WorkerStopping
+from asyncinfer.jobs.transitions import Transition
 from asyncinfer.payloads import dumps
 from asyncinfer.settings import INLINE_OUTPUT_LIMIT_BYTES
-from asyncinfer.store import Transition
 
 #: Longest a retryable failure waits before its message is visible again, seconds.
 MAX_RETRY_DELAY_SECONDS = 300

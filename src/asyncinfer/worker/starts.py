@@ -24,12 +24,12 @@ from pydantic import ValidationError
 
 from asyncinfer import lifecycle
 from asyncinfer.errors import InvalidInput, JobError, TransitionRefused
-from asyncinfer.events import EventPublisher
-from asyncinfer.messages import JobMessage
+from asyncinfer.jobs.events import EventPublisher
+from asyncinfer.jobs.messages import JobMessage
+from asyncinfer.jobs.store import JobStore, Transition
 from asyncinfer.models.base import WorkItem
 from asyncinfer.models.registry import ModelSpec
 from asyncinfer.payloads import PayloadStore
-from asyncinfer.store import JobStore, Transition
 from asyncinfer.timeutil import iso, now, parse
 from asyncinfer.worker.held import HeldMessages
 from asyncinfer.worker.inflight import Held
@@ -324,7 +324,7 @@ class Starter:
 
 def queued_record(msg: JobMessage) -> dict[str, Any]:
     """The record of a job waiting for its first attempt, from its message (which carries every
-    attribute the job object shows; :mod:`asyncinfer.messages`)."""
+    attribute the job object shows; :mod:`asyncinfer.jobs.messages`)."""
     record: dict[str, Any] = {
         "job_id": msg.job_id,
         "tenant": msg.tenant,

@@ -29,8 +29,8 @@ from typing import Any
 
 from asyncinfer import lifecycle
 from asyncinfer.errors import TransitionRefused
+from asyncinfer.jobs.store import LEASE_FIELD, JobStore, Transition
 from asyncinfer.settings import Settings
-from asyncinfer.store import LEASE_FIELD, JobStore, Transition
 from asyncinfer.timeutil import iso, now
 
 #: What a takeover removes: the lost attempt's leftovers (as a worker's own requeue does).

@@ -11,7 +11,7 @@ from typing import Any
 
 from asyncinfer import clients, lifecycle
 from asyncinfer.chunks import chunked
-from asyncinfer.jobview import render_job
+from asyncinfer.jobs.view import render_job
 from asyncinfer.payloads import PayloadStore
 from asyncinfer.settings import Settings
 from asyncinfer.timeutil import iso, now

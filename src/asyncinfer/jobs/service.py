@@ -20,19 +20,19 @@ from asyncinfer.errors import (
     NotFound,
     TransitionRefused,
 )
-from asyncinfer.events import EventPublisher
-from asyncinfer.idempotency import IDEMPOTENCY_SECONDS, IdempotencyKeys, body_hash
 from asyncinfer.ids import is_job_id, new_job_id
-from asyncinfer.inputs import check_inline_input, check_input_url
-from asyncinfer.jobview import render_job
-from asyncinfer.messages import MAX_MESSAGE_BYTES, JobMessage
+from asyncinfer.jobs.events import EventPublisher
+from asyncinfer.jobs.idempotency import IDEMPOTENCY_SECONDS, IdempotencyKeys, body_hash
+from asyncinfer.jobs.inputs import check_inline_input, check_input_url
+from asyncinfer.jobs.messages import MAX_MESSAGE_BYTES, JobMessage
+from asyncinfer.jobs.store import QUEUED_MARK, JobStore
+from asyncinfer.jobs.view import render_job
+from asyncinfer.jobs.waits import WaitSlots
 from asyncinfer.models.registry import MODELS, get_spec, validate_input
 from asyncinfer.payloads import PayloadStore, split_uri
 from asyncinfer.scaling.wake import wake_on_submit
 from asyncinfer.settings import Settings
-from asyncinfer.store import QUEUED_MARK, JobStore
 from asyncinfer.timeutil import iso, now, parse
-from asyncinfer.waits import WaitSlots
 from asyncinfer.webhook_urls import check_url
 
 __all__ = ["IDEMPOTENCY_SECONDS", "JobService"]
@@ -70,7 +70,7 @@ class JobService:
         record and the worker drops it), the S3 copy of the input too, and the idempotency key
         is given back. One that dies part way (a Lambda timeout) leaves at most a record whose
         ``expires_epoch`` is ``submit_lease_seconds`` away, which the expiry sweeper ends, and
-        a key claim whose lease runs out (:mod:`asyncinfer.idempotency`).
+        a key claim whose lease runs out (:mod:`asyncinfer.jobs.idempotency`).
 
         Returns ``(job object, created)``; ``created`` is False when an idempotency key returned
         an existing job.
@@ -128,7 +128,7 @@ class JobService:
             raise
         # The job is accepted and will run: a failure from here on is logged, never a 500 (the
         # client would submit the job twice). A claim left undone still returns this job: its
-        # record shows the submit finished (asyncinfer.idempotency).
+        # record shows the submit finished (asyncinfer.jobs.idempotency).
         if idempotency_key is not None:
             try:
                 self.keys.complete(tenant, idempotency_key, job_id)
@@ -180,7 +180,7 @@ class JobService:
         self, record: dict[str, Any], body: bytes | None, text: str, queue_url: str, group: str
     ) -> None:
         """S3 copy of the input (if the message does not carry it), record, message (in the
-        tenant's message group ``group``: fair queues, :mod:`asyncinfer.messages`), in that
+        tenant's message group ``group``: fair queues, :mod:`asyncinfer.jobs.messages`), in that
         order; on any failure, what was written is taken back and :class:`InternalError`
         raised."""
         job_id, tenant = record["job_id"], record["tenant"]
@@ -241,7 +241,7 @@ class JobService:
     def get(self, tenant: str, job_id: str, *, wait: float = 0.0) -> dict[str, Any]:
         """The job object; with ``wait`` > 0 (seconds, at most 20), hold until the job is
         terminal or ``wait`` seconds pass. A wait on a job not yet terminal holds one of the
-        tenant's wait slots (:mod:`asyncinfer.waits`) while it lasts.
+        tenant's wait slots (:mod:`asyncinfer.jobs.waits`) while it lasts.
 
         Raises:
             NotFound: no such job for this tenant (before any slot is taken).

@@ -1,37 +1,11 @@
-"""Job records in DynamoDB.
+"""Job transitions: THE module that writes a job's status.
 
-Table design (the CDK app and the local stack create it the same way):
-
-* partition key ``job_id`` (S), no sort key: one item per job;
-* GSI ``tenant-index``: partition key ``tenant`` (S), sort key ``job_id`` (S), projection ALL.
-  Job ids are ULIDs, so a Query with ``ScanIndexForward=False`` lists a tenant's jobs newest first;
-* sparse GSI ``queued-expiry-index``: partition key ``queued_mark`` (S, present only while the
-  job is ``queued`` for its first attempt), sort key ``expires_epoch`` (N), projection
-  KEYS_ONLY: the expiry sweeper finds queued jobs past their TTL without a scan. The submit sets
-  the mark and every transition removes it: a job handed back after it started is not expirable
-  (``expired`` is only for jobs that never started);
-* sparse GSI ``running-lease-index``: partition key ``running_mark`` (S, present only while the
-  job is ``running``), sort key ``lease_expires_epoch`` (N, epoch seconds), projection
-  KEYS_ONLY: the sweeper finds running jobs whose lease lapsed (their worker is gone) without a
-  scan. Every ``-> running`` transition sets both (the lease from ``Settings.lease_interval``
-  unless the transition sets its own), :meth:`JobStore.renew_leases` moves the lease on, and
-  every transition out of ``running`` removes both;
-* TTL attribute ``ttl`` (N, epoch seconds): the record is deleted some time after
-  ``created + record_retention_seconds`` (DynamoDB TTL; it never runs on the emulator).
-
-Item attributes: ``job_id``, ``tenant``, ``model``, ``status``, ``attempts`` (N: attempts started),
-``priority``, ``created_at`` / ``started_at`` / ``completed_at`` / ``expires_at`` (RFC 3339),
-``timeout_seconds`` (N), ``input_ref`` (S3 URI, only for inputs stored in S3), ``output`` (S, JSON
-text, when at most 64 KB), ``output_ref`` (S3 URI otherwise), ``error`` (M: code, message),
-``progress_tokens`` (N), ``cancel_requested`` (BOOL), ``webhook`` (S, JSON), ``metadata`` (M of S),
-``lease_expires_epoch`` (N, while running), ``inference_id`` (S: the SageMaker request of the
-running attempt, set once the bridge invoked the endpoint), ``ttl`` (N).
-
-Every status change is :meth:`JobStore.transition`: an UpdateItem whose condition is the current
-status (``#status``: ``status`` is a DynamoDB reserved word) and, where given, the attempt number.
-A late or duplicate update therefore fails with :class:`~asyncinfer.errors.TransitionRefused`
-carrying the record as it now is (``ReturnValuesOnConditionCheckFailure=ALL_OLD``).
-:meth:`JobStore.transition_many` writes the same conditional updates of several jobs in
+Every status change is :meth:`TransitionWriter.transition`: an UpdateItem whose condition is the
+current status (``#status``: ``status`` is a DynamoDB reserved word) and, where given, the
+attempt number. A late or duplicate update therefore fails with
+:class:`~asyncinfer.errors.TransitionRefused` carrying the record as it now is
+(``ReturnValuesOnConditionCheckFailure=ALL_OLD``).
+:meth:`TransitionWriter.transition_many` writes the same conditional updates of several jobs in
 TransactWriteItems calls, each item refused or applied as it would be alone.
 """
 
@@ -43,144 +17,35 @@ import random
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
 from typing import Any, TypeVar
 
-from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
-from asyncinfer import clients, lifecycle
+from asyncinfer import lifecycle
 from asyncinfer.chunks import chunked
-from asyncinfer.cursors import decode_cursor, encode_cursor
 from asyncinfer.errors import TransitionRefused
-from asyncinfer.settings import Settings, get_settings
+from asyncinfer.jobs.record import (
+    LEASE_FIELD,
+    RUNNING_MARK,
+    _deser,
+    _from_ddb,
+    _ser,
+    _to_ddb,
+    from_item,
+)
+from asyncinfer.settings import Settings
 from asyncinfer.timeutil import iso, now
-
-TENANT_INDEX = "tenant-index"
-#: Sparse GSI of the jobs waiting in a queue, by the time their TTL ends (the expiry sweeper's).
-QUEUED_INDEX = "queued-expiry-index"
-#: Partition key value of that index: set while a job is ``queued``, removed when it leaves.
-QUEUED_MARK = "queued"
-#: Sparse GSI of the running jobs, by the time their lease lapses (the sweeper's takeover).
-RUNNING_INDEX = "running-lease-index"
-#: Partition key value of that index: set while a job is ``running``, removed when it leaves.
-RUNNING_MARK = "running"
-#: The running job's lease attribute (epoch seconds): past it, the job has no live worker.
-LEASE_FIELD = "lease_expires_epoch"
 
 T = TypeVar("T")
 
-_ser = TypeSerializer()
-_deser = TypeDeserializer()
 
+class TransitionWriter:
+    """The conditional writes of job records (the base of :class:`~asyncinfer.jobs.store.JobStore`,
+    which gives it ``settings``, ``table`` and ``ddb``)."""
 
-def to_item(record: dict[str, Any]) -> dict[str, Any]:
-    """Python dict -> DynamoDB typed item (``None`` values dropped, floats as Decimal)."""
-    return {k: _ser.serialize(_to_ddb(v)) for k, v in record.items() if v is not None}
-
-
-def from_item(item: dict[str, Any]) -> dict[str, Any]:
-    """DynamoDB typed item -> Python dict (Decimal -> int or float)."""
-    return {k: _from_ddb(_deser.deserialize(v)) for k, v in item.items()}
-
-
-def _to_ddb(v: Any) -> Any:
-    if isinstance(v, float):
-        return Decimal(repr(v))
-    if isinstance(v, dict):
-        return {k: _to_ddb(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_to_ddb(x) for x in v]
-    return v
-
-
-def _from_ddb(v: Any) -> Any:
-    if isinstance(v, Decimal):
-        return int(v) if v == v.to_integral_value() else float(v)
-    if isinstance(v, dict):
-        return {k: _from_ddb(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_from_ddb(x) for x in v]
-    if isinstance(v, set):
-        return sorted(_from_ddb(x) for x in v)
-    return v
-
-
-class JobStore:
-    """Reads and conditional writes of job records. Thread-safe (boto3 clients are)."""
-
-    def __init__(self, settings: Settings | None = None) -> None:
-        self.settings = settings or get_settings()
-        self.table = self.settings.table_name
-        self.ddb = clients.client("dynamodb", self.settings)
-
-    # ------------------------------------------------------------------ create and read
-    def create(self, record: dict[str, Any]) -> None:
-        """Put a new job record; fails if the id exists (``attribute_not_exists``)."""
-        self.ddb.put_item(
-            TableName=self.table,
-            Item=to_item(record),
-            ConditionExpression="attribute_not_exists(job_id)",
-        )
-
-    def confirm_submitted(self, job_id: str, expires_epoch: int) -> None:
-        """End the submit of ``job_id`` once its message is sent: ``expires_epoch`` (N) becomes
-        the job's TTL end and ``submitting_until`` is removed. Until then the record carries
-        ``submitting_until`` (N, epoch seconds) and, as ``expires_epoch``, that same time, so a
-        submit that died between the record and the message (a Lambda timeout) leaves a job
-        the expiry sweeper ends soon instead of one waiting ``queued`` for a message that never
-        comes. Not conditional on the status: a worker may have started the job already."""
-        self._update_item(
-            TableName=self.table,
-            Key={"job_id": {"S": job_id}},
-            UpdateExpression="SET expires_epoch = :e REMOVE submitting_until",
-            ConditionExpression="attribute_exists(job_id)",
-            ExpressionAttributeValues={":e": {"N": str(expires_epoch)}},
-        )
-
-    def discard_unsubmitted(self, job_id: str) -> bool:
-        """Delete the record of a submit that failed before its job was accepted (its message
-        could not be sent), if it is still ``queued`` at attempt 0. A message that was sent after
-        all finds no record, and the worker drops it. Returns whether the record is gone."""
-        try:
-            self.ddb.delete_item(
-                TableName=self.table,
-                Key={"job_id": {"S": job_id}},
-                ConditionExpression="#status = :q AND attempts = :zero",
-                ExpressionAttributeNames={"#status": "status"},
-                ExpressionAttributeValues={":q": {"S": lifecycle.QUEUED}, ":zero": {"N": "0"}},
-            )
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
-                raise
-            return False
-        return True
-
-    def queued_past_expiry(self, now_epoch: int, limit: int = 100) -> list[str]:
-        """Ids of up to ``limit`` queued jobs whose ``expires_epoch`` is at or before
-        ``now_epoch`` (the queued-expiry GSI; eventually consistent, so callers re-check with a
-        conditional write)."""
-        resp = self.ddb.query(
-            TableName=self.table,
-            IndexName=QUEUED_INDEX,
-            KeyConditionExpression="queued_mark = :m AND expires_epoch <= :now",
-            ExpressionAttributeValues={":m": {"S": QUEUED_MARK}, ":now": {"N": str(now_epoch)}},
-            Limit=limit,
-        )
-        return [item["job_id"]["S"] for item in resp.get("Items", [])]
-
-    def running_past_lease(self, now_epoch: int, limit: int = 100) -> list[str]:
-        """Ids of up to ``limit`` running jobs whose ``lease_expires_epoch`` is before
-        ``now_epoch`` (epoch seconds), oldest lease first (the running-lease GSI; eventually
-        consistent, so callers re-check with a conditional write)."""
-        resp = self.ddb.query(
-            TableName=self.table,
-            IndexName=RUNNING_INDEX,
-            KeyConditionExpression="running_mark = :m AND lease_expires_epoch < :now",
-            ExpressionAttributeValues={":m": {"S": RUNNING_MARK}, ":now": {"N": str(now_epoch)}},
-            Limit=limit,
-        )
-        return [item["job_id"]["S"] for item in resp.get("Items", [])]
+    settings: Settings
+    table: str
+    ddb: Any
 
     def lease_until(self, seconds: float | None = None) -> int:
         """The lease expiry (epoch seconds) of a lease taken or renewed now: ``seconds`` from now
@@ -201,96 +66,6 @@ class JobStore:
         if not updates:
             return set()
         return self.update_fields_many(updates, status=lifecycle.RUNNING)
-
-    def get(self, job_id: str, *, consistent: bool = True) -> dict[str, Any] | None:
-        """The record of ``job_id``, or ``None``."""
-        resp = self.ddb.get_item(
-            TableName=self.table, Key={"job_id": {"S": job_id}}, ConsistentRead=consistent
-        )
-        item = resp.get("Item")
-        return from_item(item) if item else None
-
-    def get_many(self, job_ids: Iterable[str], attributes: Iterable[str] = ()) -> dict[str, dict]:
-        """Records of ``job_ids`` by id (missing ones absent); BatchGetItem, 100 keys a call.
-        ``attributes`` limits what is read (a ProjectionExpression)."""
-        ids = list(dict.fromkeys(job_ids))
-        out: dict[str, dict] = {}
-        attrs = list(attributes)
-        for i in range(0, len(ids), 100):
-            req: dict[str, Any] = {"Keys": [{"job_id": {"S": j}} for j in ids[i : i + 100]]}
-            if attrs:
-                names = {f"#a{n}": a for n, a in enumerate({"job_id", *attrs})}
-                req["ProjectionExpression"] = ", ".join(names)
-                req["ExpressionAttributeNames"] = names
-            pending: dict[str, Any] = {self.table: req}
-            while pending:
-                resp = self.ddb.batch_get_item(RequestItems=pending)
-                items: list[dict[str, Any]] = resp.get("Responses", {}).get(self.table, [])
-                for item in items:
-                    rec = from_item(item)
-                    out[rec["job_id"]] = rec
-                pending = resp.get("UnprocessedKeys") or {}
-        return out
-
-    def list_for_tenant(
-        self,
-        tenant: str,
-        *,
-        limit: int,
-        cursor: str | None = None,
-        status: str | None = None,
-        model: str | None = None,
-    ) -> tuple[list[dict[str, Any]], str | None]:
-        """A page of ``tenant``'s jobs, newest first, optionally filtered by status and model.
-
-        Returns ``(records, next_cursor)``; ``next_cursor`` is opaque (:mod:`asyncinfer.cursors`)
-        and ``None`` on the last page. DynamoDB applies filters after it reads (Developer Guide,
-        "Filter expressions for the Query operation"), so a filter that matches few jobs would
-        read the tenant's whole history in one request: the reads stop after
-        :data:`LIST_MAX_QUERIES` Query calls or :data:`LIST_TIME_BUDGET_SECONDS`, whichever
-        comes first, and the page then holds fewer than ``limit`` records (even none) with a
-        ``next_cursor`` where the reads stopped. Raises :class:`InvalidRequest` (field
-        ``cursor``) for a cursor this service did not issue to ``tenant``.
-        """
-        kwargs: dict[str, Any] = {
-            "TableName": self.table,
-            "IndexName": TENANT_INDEX,
-            "KeyConditionExpression": "tenant = :t",
-            "ExpressionAttributeValues": {":t": {"S": tenant}},
-            "ScanIndexForward": False,
-        }
-        filters, names = [], {}
-        if status:
-            filters.append("#status = :s")
-            names["#status"] = "status"
-            kwargs["ExpressionAttributeValues"][":s"] = {"S": status}
-        if model:
-            filters.append("#model = :m")
-            names["#model"] = "model"
-            kwargs["ExpressionAttributeValues"][":m"] = {"S": model}
-        if filters:
-            kwargs["FilterExpression"] = " AND ".join(filters)
-            kwargs["ExpressionAttributeNames"] = names
-        # An empty cursor (``?cursor=``) is no cursor: the first page, as before.
-        start = decode_cursor(cursor, tenant) if cursor else None
-        records: list[dict[str, Any]] = []
-        deadline = time.monotonic() + LIST_TIME_BUDGET_SECONDS
-        for _ in range(LIST_MAX_QUERIES):
-            # Filters apply after Limit: read whole pages of keys while filtering.
-            kwargs["Limit"] = limit - len(records) if not filters else LIST_FILTERED_READ
-            if start:
-                kwargs["ExclusiveStartKey"] = start
-            resp = self.ddb.query(**kwargs)
-            items = resp.get("Items", [])
-            start = resp.get("LastEvaluatedKey")
-            for idx, item in enumerate(items):
-                records.append(from_item(item))
-                if len(records) == limit:
-                    more = idx < len(items) - 1 or start is not None
-                    return records, encode_cursor(item) if more else None
-            if not start or time.monotonic() >= deadline:
-                break
-        return records, encode_cursor(start) if start else None
 
     # ------------------------------------------------------------------ transitions
     def transition(
@@ -644,12 +419,6 @@ TRANSACT_BUDGET_BYTES = 3 * 1024 * 1024
 ITEM_BASE_BYTES = 6 * 1024
 #: Calls :meth:`JobStore.transition_many` makes before it writes what is left one by one.
 TRANSACT_ROUNDS = 3
-#: :meth:`JobStore.list_for_tenant`: most Query calls one request makes ...
-LIST_MAX_QUERIES = 4
-#: ... and the seconds after which it makes no more (the API Lambda's timeout is 29 s).
-LIST_TIME_BUDGET_SECONDS = 2.0
-#: Items a filtered Query reads at a time (Limit counts items read, not items matched).
-LIST_FILTERED_READ = 100
 
 
 @dataclass(frozen=True)
