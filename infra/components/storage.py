@@ -12,6 +12,7 @@ PARTITION_KEY = "job_id"
 TENANT_INDEX = "tenant-index"
 QUEUED_INDEX = "queued-expiry-index"
 RUNNING_INDEX = "running-lease-index"
+OUTBOX_INDEX = "outbox-index"
 TTL_ATTRIBUTE = "ttl"
 #: Key prefixes of the bucket (:mod:`asyncinfer` writes inputs and outputs under these).
 EXPIRING_PREFIXES = ("inputs/", "outputs/", "uploads/")
@@ -23,7 +24,9 @@ class JobTable(Construct):
     and the sparse GSI ``queued-expiry-index`` (``queued_mark`` S / ``expires_epoch`` N, keys
     only) that the expiry sweeper queries, and the sparse GSI ``running-lease-index``
     (``running_mark`` S / ``lease_expires_epoch`` N, keys only) where the sweeper finds running
-    jobs whose lease lapsed (:mod:`asyncinfer.jobs.store`, :mod:`asyncinfer.jobs.leases`).
+    jobs whose lease lapsed (:mod:`asyncinfer.jobs.store`, :mod:`asyncinfer.jobs.leases`), and
+    the sparse GSI ``outbox-index`` (``outbox_mark`` S / ``outbox_since`` N, keys only) where it
+    finds job events still pending (:mod:`asyncinfer.jobs.outbox`).
 
     Args:
         removal_policy: RETAIN keeps the records when the stack is deleted.
@@ -68,6 +71,14 @@ class JobTable(Construct):
             sort_key=dynamodb.Attribute(
                 name="lease_expires_epoch", type=dynamodb.AttributeType.NUMBER
             ),
+            projection_type=dynamodb.ProjectionType.KEYS_ONLY,
+        )
+        self.table.add_global_secondary_index(
+            index_name=OUTBOX_INDEX,
+            partition_key=dynamodb.Attribute(
+                name="outbox_mark", type=dynamodb.AttributeType.STRING
+            ),
+            sort_key=dynamodb.Attribute(name="outbox_since", type=dynamodb.AttributeType.NUMBER),
             projection_type=dynamodb.ProjectionType.KEYS_ONLY,
         )
 

@@ -191,6 +191,41 @@ class JobCancelled(JobError):
         self.partial = partial
 
 
+class JobExpired(JobError):
+    """The job's ``ttl_seconds`` passed while it waited for its first attempt (permanent; the job
+    becomes ``expired``, never ``failed``: spec, "Job lifecycle")."""
+
+    code = "expired"
+
+
+class MaxAttempts(JobError):
+    """Every attempt the job was given was lost or failed retryably: its message reached the
+    dead-letter queue, or its lease lapsed on the last attempt (permanent)."""
+
+    code = "max_attempts"
+
+
+def job_error(code: str, message: str) -> JobError:
+    """The :class:`JobError` of a job error ``code`` (spec, "Error codes of jobs") that came
+    from outside the worker (a SageMaker container's failure body): the class of that code, or
+    :class:`ModelError` carrying the code as given for one this taxonomy does not name.
+    ``as_dict()`` of the result gives ``{"code": code, "message": message}``."""
+    for cls in (
+        InvalidInput,
+        ModelError,
+        OutOfMemory,
+        JobTimeout,
+        JobCancelled,
+        JobExpired,
+        MaxAttempts,
+    ):
+        if cls.code == code:
+            return cls(message)
+    err = ModelError(message)
+    err.code = code  # type: ignore[misc]
+    return err
+
+
 class WorkerStopping(AsyncInferError):
     """Raised inside a model run when the worker must give the job back (SIGTERM past the drain
     deadline). Not a job error: the job returns to ``queued`` and its message becomes visible."""

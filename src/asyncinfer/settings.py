@@ -107,6 +107,9 @@ class Settings(BaseModel):
     heartbeat_seconds: float = 0.0
     lease_seconds: float = 0.0
     sweep_seconds: float = 5.0
+    #: A pending event older than this (seconds) is republished by the sweeper (events outbox,
+    #: :mod:`asyncinfer.jobs.outbox`).
+    outbox_grace_seconds: float = 30.0
     receive_wait_seconds: int = 20
     receive_max_messages: int = 10
     drain_seconds: float = 10.0
@@ -199,6 +202,7 @@ class Settings(BaseModel):
         take("ASYNCINFER_HEARTBEAT_SECONDS", "heartbeat_seconds", float)
         take("ASYNCINFER_LEASE_SECONDS", "lease_seconds", float)
         take("ASYNCINFER_SWEEP_SECONDS", "sweep_seconds", float)
+        take("ASYNCINFER_OUTBOX_GRACE_SECONDS", "outbox_grace_seconds", float)
         take("ASYNCINFER_RECEIVE_WAIT", "receive_wait_seconds", int)
         take("ASYNCINFER_DRAIN_SECONDS", "drain_seconds", float)
         take("ASYNCINFER_RETRY_DELAY", "retry_delay_seconds", float)

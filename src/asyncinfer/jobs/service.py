@@ -21,11 +21,20 @@ from asyncinfer.errors import (
     TransitionRefused,
 )
 from asyncinfer.ids import is_job_id, new_job_id
+from asyncinfer.jobs import transitions
 from asyncinfer.jobs.events import EventPublisher
 from asyncinfer.jobs.idempotency import IDEMPOTENCY_SECONDS, IdempotencyKeys, body_hash
 from asyncinfer.jobs.inputs import check_inline_input, check_input_url
 from asyncinfer.jobs.messages import MAX_MESSAGE_BYTES, JobMessage
-from asyncinfer.jobs.store import QUEUED_MARK, JobStore
+from asyncinfer.jobs.record import (
+    OUTBOX_FIELD,
+    OUTBOX_MARK,
+    OUTBOX_MARK_FIELD,
+    OUTBOX_SINCE_FIELD,
+    QUEUED_MARK,
+    event_key,
+)
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.jobs.view import render_job
 from asyncinfer.jobs.waits import WaitSlots
 from asyncinfer.models.registry import MODELS, get_spec, validate_input
@@ -134,12 +143,23 @@ class JobService:
                 self.keys.complete(tenant, idempotency_key, job_id)
             except Exception:
                 log.exception("could not mark the idempotency key of %s done", job_id)
+        self._publish(record)
+        wake_on_submit(self.settings, req.model)  # 0 -> 1 at once; cached, never raises
+        return render_job(record, self.payloads), True
+
+    def _publish(self, record: dict[str, Any]) -> None:
+        """Publish the event of a transition this service wrote. A failure is logged, never
+        raised (the write is done; a 500 would make the client retry what succeeded): the event
+        stays in the record's outbox and the sweeper publishes it
+        (:mod:`asyncinfer.jobs.outbox`)."""
         try:
             self.events.publish(record)
         except Exception:
-            log.exception("job.queued of %s was not published", job_id)
-        wake_on_submit(self.settings, req.model)  # 0 -> 1 at once; cached, never raises
-        return render_job(record, self.payloads), True
+            log.exception(
+                "%s of %s not published; left in its outbox",
+                lifecycle.EVENT_FOR_STATUS[record["status"]],
+                record["job_id"],
+            )
 
     def _build(
         self, tenant: str, req: JobRequest, job_id: str
@@ -162,6 +182,10 @@ class JobService:
             "ttl": int(created.timestamp()) + self.settings.record_retention_seconds,
             "expires_epoch": int(expires.timestamp()),
             "queued_mark": QUEUED_MARK,
+            # job.queued waits in the outbox until it is out (asyncinfer.jobs.outbox).
+            OUTBOX_FIELD: {event_key(lifecycle.QUEUED, 0)},
+            OUTBOX_MARK_FIELD: OUTBOX_MARK,
+            OUTBOX_SINCE_FIELD: int(created.timestamp()),
         }
         message = JobMessage(
             job_id=job_id,
@@ -235,7 +259,7 @@ class JobService:
         expired = self.store.expire(record["job_id"])
         if expired is None:  # it moved on meanwhile: read it as it is now
             return self.store.get(record["job_id"]) or record
-        self.events.publish(expired)
+        self._publish(expired)
         return expired
 
     def get(self, tenant: str, job_id: str, *, wait: float = 0.0) -> dict[str, Any]:
@@ -286,19 +310,11 @@ class JobService:
                 raise Conflict(f"job {job_id} is already {status}")
             if status == lifecycle.QUEUED:
                 try:
-                    record = self.store.transition(
-                        job_id,
-                        from_status=lifecycle.QUEUED,
-                        to_status=lifecycle.CANCELLED,
-                        set_fields={
-                            "completed_at": iso(now()),
-                            "error": {"code": "cancelled", "message": "cancelled by the client"},
-                        },
-                    )
+                    record = self.store.apply(transitions.cancel_queued(job_id))
                 except TransitionRefused as exc:
                     record = exc.current or record
                     continue
-                self.events.publish(record)
+                self._publish(record)
                 return render_job(record, self.payloads)
             # running
             if self.store.update_fields(

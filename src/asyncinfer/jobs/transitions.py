@@ -23,14 +23,19 @@ from botocore.exceptions import ClientError
 
 from asyncinfer import lifecycle
 from asyncinfer.chunks import chunked
-from asyncinfer.errors import TransitionRefused
+from asyncinfer.errors import JobCancelled, JobExpired, MaxAttempts, TransitionRefused
 from asyncinfer.jobs.record import (
     LEASE_FIELD,
+    OUTBOX_FIELD,
+    OUTBOX_MARK,
+    OUTBOX_MARK_FIELD,
+    OUTBOX_SINCE_FIELD,
     RUNNING_MARK,
     _deser,
     _from_ddb,
     _ser,
     _to_ddb,
+    event_key,
     from_item,
 )
 from asyncinfer.settings import Settings
@@ -269,18 +274,30 @@ class TransitionWriter:
         its first attempt (it started, was cancelled or already expired: nothing to do). The
         caller publishes the event."""
         try:
-            return self.transition(
-                job_id,
-                from_status=lifecycle.QUEUED,
-                to_status=lifecycle.EXPIRED,
-                attempts=0,
-                set_fields={
-                    "completed_at": iso(now()),
-                    "error": {"code": "expired", "message": "job expired in the queue (ttl)"},
-                },
-            )
+            return self.apply(expire(job_id))
         except TransitionRefused:
             return None
+
+    def record_delivery(
+        self, job_id: str, expression: str, names: dict[str, str], values: dict[str, Any]
+    ) -> bool:
+        """The webhook dispatcher's write of a delivery attempt (``webhook_*`` attributes; never
+        the status): the UpdateItem ``expression`` with its ``names`` and ``values``, on a job
+        that exists. Returns False when the record is gone (DynamoDB TTL); raises AWS faults."""
+        try:
+            self._update_item(
+                TableName=self.table,
+                Key={"job_id": {"S": job_id}},
+                UpdateExpression=expression,
+                ConditionExpression="attribute_exists(job_id)",
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            return False
+        return True
 
     def update_fields(
         self,
@@ -435,6 +452,30 @@ class Transition:
     #: When given (epoch seconds), the job's lease must have lapsed before it (the sweeper's
     #: takeover: a worker that renewed its lease meanwhile keeps the job).
     lease_lapsed_before: int | None = None
+    #: Attributes that must hold these values for the write to apply (the DLQ handler fails a
+    #: running job only for the message its attempt started from: ``message_id``).
+    expect: tuple[tuple[str, Any], ...] = ()
+    #: The key of this transition's event in the record's outbox (:mod:`asyncinfer.jobs.outbox`):
+    #: the write adds it, the publisher removes it once the event is out, and the sweeper
+    #: republishes it if it is still there after ``Settings.outbox_grace_seconds``. Made anew
+    #: for each transition (:func:`~asyncinfer.jobs.record.event_key`) unless given.
+    event: str = ""
+    #: Whether the event goes into the outbox (default). The worker's terminal writes do not:
+    #: their message is kept until the event is out, and a redelivery publishes it again.
+    outboxed: bool = True
+    #: Outbox keys this write removes (events its writer published since: the worker's
+    #: ``job.started``, cleared by the terminal write of the same attempt at no extra request).
+    #: Only with ``outboxed`` False (one write cannot both add to and delete from the set).
+    clears: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.event:
+            after = None
+            if self.attempts is not None:
+                after = self.attempts + int(self.increment_attempts)
+            object.__setattr__(self, "event", event_key(self.to_status, after))
+        if self.clears and self.outboxed:
+            raise ValueError("a transition that adds to the outbox cannot clear it")
 
     @property
     def froms(self) -> tuple[str, ...]:
@@ -462,6 +503,14 @@ class Transition:
         else:
             new.pop("running_mark", None)
             new.pop(LEASE_FIELD, None)
+        if self.outboxed:
+            new[OUTBOX_FIELD] = sorted({*(new.get(OUTBOX_FIELD) or ()), self.event})
+        elif self.clears:
+            left = sorted(set(new.get(OUTBOX_FIELD) or ()) - set(self.clears))
+            if left:
+                new[OUTBOX_FIELD] = left
+            else:
+                new.pop(OUTBOX_FIELD, None)
         return new
 
     def shows_applied(self, current: dict[str, Any] | None) -> bool:
@@ -495,6 +544,10 @@ def _update_params(t: Transition) -> dict[str, Any]:
     if t.lease_lapsed_before is not None:
         conds.append("lease_expires_epoch < :lapsed")
         values[":lapsed"] = {"N": str(t.lease_lapsed_before)}
+    for n, (k, v) in enumerate(t.expect):
+        names[f"#x{n}"] = k
+        values[f":x{n}"] = _ser.serialize(_to_ddb(v))
+        conds.append(f"#x{n} = :x{n}")
     sets = ["#status = :to"]
     for n, (k, v) in enumerate(t.set_fields.items()):
         names[f"#k{n}"] = k
@@ -512,11 +565,29 @@ def _update_params(t: Transition) -> dict[str, Any]:
     else:
         removes += ["running_mark", LEASE_FIELD]
     removes = [k for k in dict.fromkeys(removes) if k not in t.set_fields]
+    # The event goes into the record's outbox in the same write (asyncinfer.jobs.outbox).
+    removes = [k for k in removes if k not in (OUTBOX_FIELD, OUTBOX_MARK_FIELD, OUTBOX_SINCE_FIELD)]
+    if t.outboxed:
+        names.update({"#ob": OUTBOX_FIELD, "#obm": OUTBOX_MARK_FIELD, "#obs": OUTBOX_SINCE_FIELD})
+        values.update(
+            {
+                ":ob": {"SS": [t.event]},
+                ":obm": {"S": OUTBOX_MARK},
+                ":obs": {"N": str(int(time.time()))},
+            }
+        )
+        sets += ["#obm = :obm", "#obs = if_not_exists(#obs, :obs)"]
     expr = "SET " + ", ".join(sets)
     if removes:
         for n, k in enumerate(removes):
             names[f"#r{n}"] = k
         expr += " REMOVE " + ", ".join(f"#r{n}" for n in range(len(removes)))
+    if t.outboxed:
+        expr += " ADD #ob :ob"
+    elif t.clears:
+        names["#ob"] = OUTBOX_FIELD
+        values[":clr"] = {"SS": sorted(set(t.clears))}
+        expr += " DELETE #ob :clr"
     return {
         "Key": {"job_id": {"S": t.job_id}},
         "UpdateExpression": expr,
@@ -538,3 +609,145 @@ def _transaction_chunks(items: list[T], sizes: list[int]) -> list[list[T]]:
     """``items`` cut into TransactWriteItems calls (:data:`TRANSACT_MAX_ITEMS`,
     :data:`TRANSACT_BUDGET_BYTES`)."""
     return chunked(items, sizes, max_items=TRANSACT_MAX_ITEMS, max_bytes=TRANSACT_BUDGET_BYTES)
+
+
+# --------------------------------------------------------------------------- the named transitions
+#: What a start removes: a lost attempt's leftovers.
+START_REMOVES = ("completed_at", "progress_tokens", "output", "inference_id")
+#: What handing a running job back to the queue removes (a worker's requeue, a takeover).
+LOST_ATTEMPT_REMOVES = ("started_at", "progress_tokens", "output", "inference_id")
+
+
+def start(
+    job_id: str,
+    *,
+    attempts: int | None,
+    started_at: str,
+    message_id: str | None = None,
+    set_fields: dict[str, Any] | None = None,
+) -> Transition:
+    """``queued -> running`` with attempts + 1, ``started_at`` (RFC 3339) and the ``message_id``
+    of the SQS message the attempt starts from (the DLQ handler's tie of a message to its
+    attempt); ``attempts``: the condition on the queued record's count (``None``: any). The one
+    start of every path (a worker's batched or lone start, the SageMaker bridge); its lease is
+    added by the writer (:meth:`TransitionWriter.leased`)."""
+    fields: dict[str, Any] = {"started_at": started_at, **(set_fields or {})}
+    if message_id:
+        fields["message_id"] = message_id
+    return Transition(
+        job_id,
+        from_status=lifecycle.QUEUED,
+        to_status=lifecycle.RUNNING,
+        attempts=attempts,
+        increment_attempts=True,
+        set_fields=fields,
+        remove_fields=START_REMOVES,
+    )
+
+
+def requeue(job_id: str, attempts: int, *, lease_lapsed_before: int | None = None) -> Transition:
+    """``running -> queued`` at ``attempts`` (the next start is attempt + 1), without the lost
+    attempt's leftovers; with ``lease_lapsed_before`` (epoch seconds) only if the lease lapsed."""
+    return Transition(
+        job_id,
+        from_status=lifecycle.RUNNING,
+        to_status=lifecycle.QUEUED,
+        attempts=attempts,
+        remove_fields=(*LOST_ATTEMPT_REMOVES, "message_id"),
+        lease_lapsed_before=lease_lapsed_before,
+    )
+
+
+def expire(job_id: str) -> Transition:
+    """``queued -> expired`` at attempt 0 (:class:`~asyncinfer.errors.JobExpired`): only a job
+    that never started expires."""
+    return Transition(
+        job_id,
+        from_status=lifecycle.QUEUED,
+        to_status=lifecycle.EXPIRED,
+        attempts=0,
+        set_fields={
+            "completed_at": iso(now()),
+            "error": JobExpired("job expired in the queue (ttl)").as_dict(),
+        },
+    )
+
+
+def cancel_queued(job_id: str) -> Transition:
+    """``queued -> cancelled`` by the client (:class:`~asyncinfer.errors.JobCancelled`)."""
+    return Transition(
+        job_id,
+        from_status=lifecycle.QUEUED,
+        to_status=lifecycle.CANCELLED,
+        set_fields={
+            "completed_at": iso(now()),
+            "error": JobCancelled("cancelled by the client").as_dict(),
+        },
+    )
+
+
+def dead_letter(
+    job_id: str,
+    *,
+    receive_count: int | None,
+    running_attempt: int | None = None,
+    message_id: str | None = None,
+) -> Transition:
+    """``-> failed`` with :class:`~asyncinfer.errors.MaxAttempts` for a job whose message
+    reached the dead-letter queue: from ``queued`` (``running_attempt`` None), or from
+    ``running`` at ``running_attempt`` and only while that attempt is the one the message
+    started (``message_id``; without one, any)."""
+    receives = f" ({receive_count} receives)" if receive_count else ""
+    expect = (("message_id", message_id),) if message_id else ()
+    return Transition(
+        job_id,
+        from_status=lifecycle.QUEUED if running_attempt is None else lifecycle.RUNNING,
+        to_status=lifecycle.FAILED,
+        attempts=running_attempt,
+        # A lost attempt's partial output and progress are not the job's result.
+        remove_fields=("output", "progress_tokens"),
+        set_fields={
+            "completed_at": iso(now()),
+            "error": MaxAttempts(f"the job failed on every attempt{receives}").as_dict(),
+        },
+        expect=expect,
+    )
+
+
+def takeover(record: dict[str, Any], now_epoch: int, max_attempts: int) -> Transition:
+    """The lease takeover: the transition that takes back ``record`` (a running job whose lease
+    lapsed before ``now_epoch``, epoch seconds): to ``cancelled``, ``failed``
+    (:class:`~asyncinfer.errors.MaxAttempts` once ``attempts`` reached ``max_attempts``) or
+    ``queued`` (the rules of :mod:`asyncinfer.jobs.leases`). Pure: the caller applies it."""
+    attempts = int(record.get("attempts") or 0)
+    lapsed = now_epoch if record.get(LEASE_FIELD) is not None else None
+    common: dict[str, Any] = {
+        "from_status": lifecycle.RUNNING,
+        "attempts": attempts,
+        "lease_lapsed_before": lapsed,
+    }
+    if record.get("cancel_requested"):
+        return Transition(
+            record["job_id"],
+            to_status=lifecycle.CANCELLED,
+            set_fields={
+                "completed_at": iso(now()),
+                "error": JobCancelled("cancelled by the client; its worker was lost").as_dict(),
+            },
+            remove_fields=("output",),
+            **common,
+        )
+    if attempts >= max_attempts:
+        return Transition(
+            record["job_id"],
+            to_status=lifecycle.FAILED,
+            set_fields={
+                "completed_at": iso(now()),
+                "error": MaxAttempts(
+                    f"the job's worker was lost on every attempt ({attempts})"
+                ).as_dict(),
+            },
+            remove_fields=("output", "progress_tokens"),
+            **common,
+        )
+    return requeue(record["job_id"], attempts, lease_lapsed_before=lapsed)

@@ -10,7 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncinfer import clients
-from asyncinfer.jobs.record import QUEUED_INDEX, RUNNING_INDEX, TENANT_INDEX
+from asyncinfer.jobs.record import (
+    OUTBOX_INDEX,
+    OUTBOX_MARK_FIELD,
+    OUTBOX_SINCE_FIELD,
+    QUEUED_INDEX,
+    RUNNING_INDEX,
+    TENANT_INDEX,
+)
 from asyncinfer.settings import Settings
 from asyncinfer.webhooks.queues import create_webhook_queues
 from asyncinfer.webhooks.secrets import create_secrets_key
@@ -99,6 +106,8 @@ def create_resources(
                 {"AttributeName": "expires_epoch", "AttributeType": "N"},
                 {"AttributeName": "running_mark", "AttributeType": "S"},
                 {"AttributeName": "lease_expires_epoch", "AttributeType": "N"},
+                {"AttributeName": OUTBOX_MARK_FIELD, "AttributeType": "S"},
+                {"AttributeName": OUTBOX_SINCE_FIELD, "AttributeType": "N"},
             ],
             KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
             GlobalSecondaryIndexes=[
@@ -123,6 +132,14 @@ def create_resources(
                     "KeySchema": [
                         {"AttributeName": "running_mark", "KeyType": "HASH"},
                         {"AttributeName": "lease_expires_epoch", "KeyType": "RANGE"},
+                    ],
+                    "Projection": {"ProjectionType": "KEYS_ONLY"},
+                },
+                {
+                    "IndexName": OUTBOX_INDEX,
+                    "KeySchema": [
+                        {"AttributeName": OUTBOX_MARK_FIELD, "KeyType": "HASH"},
+                        {"AttributeName": OUTBOX_SINCE_FIELD, "KeyType": "RANGE"},
                     ],
                     "Projection": {"ProjectionType": "KEYS_ONLY"},
                 },

@@ -46,7 +46,7 @@ from asyncinfer.local.warm import WarmStarter, WorkerProcess, forkserver_availab
 from asyncinfer.models.registry import MODELS, use_catalogue
 from asyncinfer.scaling.policy import ScalingConfig
 from asyncinfer.settings import Settings
-from asyncinfer.sweeper import expire_due, take_back_lapsed
+from asyncinfer.sweeper import expire_due, republish_pending, take_back_lapsed
 
 log = logging.getLogger("asyncinfer.local")
 
@@ -333,12 +333,13 @@ class LocalStack:
         return len(msgs)
 
     def _sweep_loop(self) -> None:
-        """The sweeper (expiry and lease takeover) every ``Settings.sweep_seconds`` (a scheduled
-        Lambda in AWS)."""
+        """The sweeper (expiry, lease takeover, pending events) every
+        ``Settings.sweep_seconds`` (a scheduled Lambda in AWS)."""
         while not self.stop_event.wait(self.settings.sweep_seconds):
             try:
                 expire_due(self.settings)
                 take_back_lapsed(self.settings)
+                republish_pending(self.settings)
             except Exception:
                 log.exception("sweep failed")
 

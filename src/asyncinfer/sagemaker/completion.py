@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from asyncinfer import job_metrics, lifecycle
-from asyncinfer.errors import TransitionRefused
+from asyncinfer.errors import JobCancelled, TransitionRefused, job_error
 from asyncinfer.jobs.store import JobStore
 from asyncinfer.payloads import PayloadStore, dumps
 from asyncinfer.sagemaker.bridge import parse_inference_id
@@ -53,7 +53,7 @@ def classify_failure(reason: str, detail: Any = None) -> dict[str, str]:
     if isinstance(detail, dict) and isinstance(detail.get("error"), dict):
         err = detail["error"]
         if err.get("code"):
-            return {"code": str(err["code"]), "message": str(err.get("message", reason))[:1000]}
+            return job_error(str(err["code"]), str(err.get("message", reason))[:1000]).as_dict()
     low = reason.lower()
     if "timed out" in low or "timeout" in low or "ttl" in low or "expired" in low:
         code = "timeout"
@@ -63,7 +63,7 @@ def classify_failure(reason: str, detail: Any = None) -> dict[str, str]:
         code = "invalid_input"
     else:
         code = "model_error"
-    return {"code": code, "message": reason[:1000] or "SageMaker inference failed"}
+    return job_error(code, reason[:1000] or "SageMaker inference failed").as_dict()
 
 
 class Completion:
@@ -161,10 +161,9 @@ class Completion:
             # A SageMaker invocation cannot be stopped once it runs: a job cancelled meanwhile
             # ends cancelled when its result arrives, keeping what the endpoint produced.
             to = lifecycle.CANCELLED
-            fields["error"] = {
-                "code": "cancelled",
-                "message": "cancelled by the client while the endpoint ran it",
-            }
+            fields["error"] = JobCancelled(
+                "cancelled by the client while the endpoint ran it"
+            ).as_dict()
         try:
             new = self.store.transition(
                 job_id,

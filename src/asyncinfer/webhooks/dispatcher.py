@@ -287,18 +287,7 @@ class WebhookDispatcher:
             names["#d"] = "webhook_delivered"
             values[":d"] = {"SS": [delivered_id]}
             expr += " ADD #d :d"
-        try:
-            self.store.ddb.update_item(
-                TableName=self.store.table,
-                Key={"job_id": {"S": job_id}},
-                UpdateExpression=expr,
-                ConditionExpression="attribute_exists(job_id)",
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues=values,
-            )
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
-                raise
+        if not self.store.record_delivery(job_id, expr, names, values):
             log.info("job %s is gone; webhook state not recorded", job_id)
 
     def _dead_letter(

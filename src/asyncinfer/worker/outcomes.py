@@ -162,6 +162,9 @@ def decide(
         attempts=attempts,
         set_fields=fields,
         remove_fields=tuple(remove),
+        # Not through the outbox: the message is kept until the event is out, and a redelivery
+        # publishes it again (asyncinfer.worker.journal).
+        outboxed=False,
     )
     # Written alone when the worker cannot know the record it leaves: the webhook dispatcher
     # may have written it, or a progress write may have left a count there.

@@ -139,7 +139,8 @@ class Worker:
         )
         self.store = store or JobStore(settings)
         self.payloads = PayloadStore(settings)
-        self.publisher = events or EventPublisher(settings, self.payloads)
+        # job.started keys are cleared by the terminal write, not by a request per start.
+        self.publisher = events or EventPublisher(settings, self.payloads, defer_started=True)
         self.stop_event = threading.Event()  # stop polling
         self.interrupt = threading.Event()  # stop running jobs (drain deadline passed)
         self.protection = ScaleInProtection()
