@@ -110,17 +110,28 @@ def as_of(record: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def republish_due(
-    store: JobStore, events: EventPublisher, grace_seconds: float, *, limit: int = 500
+    store: JobStore,
+    events: EventPublisher,
+    grace_seconds: float,
+    *,
+    limit: int = 500,
+    budget_seconds: float = 20.0,
 ) -> int:
     """Publish again the pending events of records whose oldest one is older than
-    ``grace_seconds`` (seconds), oldest first, and clear them. Returns how many events were
-    published. A publish that fails leaves its key for the next sweep and ends this one (SNS is
-    likely down for every event)."""
+    ``grace_seconds`` (seconds), oldest first, and clear them; at most ``limit`` events and
+    ``budget_seconds`` of work per call. Returns how many events were published. A publish that
+    fails leaves its key for the next sweep and ends this one (SNS is likely down for every
+    event).
+
+    Records whose outbox was emptied by a write that could not know it was the last (a worker's
+    terminal write clears its ``job.started`` but leaves the index keys) are only taken out of
+    the index here: one UpdateItem each, off the job's path, not counted in ``limit``."""
     published = 0
     seen: set[str] = set()
-    while published < limit:
+    deadline = time.monotonic() + budget_seconds
+    while published < limit and time.monotonic() < deadline:
         before = int(time.time() - grace_seconds)
-        ids = [j for j in due(store, before, min(100, limit - published)) if j not in seen]
+        ids = [j for j in due(store, before, 100) if j not in seen]
         if not ids:
             break
         seen.update(ids)
