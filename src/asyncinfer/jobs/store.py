@@ -1,6 +1,6 @@
 """Job records in DynamoDB: the table client, reads and queries (:mod:`asyncinfer.jobs.record`
 holds the table design; :mod:`asyncinfer.jobs.transitions` the writes of a job's status, which
-:class:`JobStore` inherits).
+:class:`JobStore` inherits, with the batched writes of :mod:`asyncinfer.jobs.transact`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from asyncinfer.jobs.record import (
     from_item,
     to_item,
 )
-from asyncinfer.jobs.transitions import Transition, TransitionOutcome, TransitionWriter
+from asyncinfer.jobs.transact import BatchWriter
+from asyncinfer.jobs.transitions import Transition, TransitionOutcome
 from asyncinfer.settings import Settings, get_settings
 
 __all__ = [
@@ -40,7 +41,7 @@ __all__ = [
 ]
 
 
-class JobStore(TransitionWriter):
+class JobStore(BatchWriter):
     """Reads and conditional writes of job records. Thread-safe (boto3 clients are)."""
 
     def __init__(self, settings: Settings | None = None) -> None:
