@@ -5,7 +5,8 @@ share the worker's interpreter.
     python -m bench.submitter MODEL     # environment: the stack's (table, queues, endpoint)
 
 Protocol (JSON lines): it prints ``{"ready": true}`` once its clients are built, reads one line
-holding the list of job inputs, submits them in order through :class:`asyncinfer.jobs.JobService`
+holding the list of job inputs, submits them in order through
+:class:`asyncinfer.jobs.service.JobService`
 printing ``{"id": ..., "ts": <time.monotonic() before the submit>}`` for each, then prints
 ``{"counts": {operation: n}}``: the AWS requests the submits made (botocore ``after-call``)."""
 
@@ -17,7 +18,7 @@ import time
 
 from asyncinfer.core.settings import Settings
 from asyncinfer.functions.api.schemas import JobRequest
-from asyncinfer.jobs import JobService
+from asyncinfer.jobs.service import JobService
 from bench.aws_counter import AwsRequestCounter
 
 

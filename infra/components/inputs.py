@@ -1,5 +1,5 @@
 """Read access to the S3 locations an operator lets jobs name as ``input_url`` (context key
-``input_locations``; :mod:`asyncinfer.inputs` checks them at submit). The components that read
+``input_locations``; :mod:`asyncinfer.jobs.inputs` checks them at submit). The components that read
 a job's input get ``s3:GetObject`` on exactly those prefixes: the ECS workers' task roles and the
 SageMaker endpoints' execution role (SageMaker reads ``InputLocation`` with it)."""
 

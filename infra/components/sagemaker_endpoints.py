@@ -306,7 +306,7 @@ class SageMakerEndpoints(Construct):
         notification Lambda could not apply after :data:`COMPLETION_RETRY_ATTEMPTS` retries or
         :data:`COMPLETION_MAX_EVENT_AGE` (Lambda developer guide, "Retaining records of
         asynchronous invocations"), for triage. The job itself is not lost meanwhile: its lease
-        lapses and the sweeper takes it back (:mod:`asyncinfer.leases`). Returns the queue."""
+        lapses and the sweeper takes it back (:mod:`asyncinfer.jobs.leases`). Returns the queue."""
         queue = sqs.Queue(
             self,
             "CompletionFailures",

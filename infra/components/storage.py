@@ -9,7 +9,7 @@ from constructs import Construct
 
 from asyncinfer.core import topology
 
-#: Table design of :mod:`asyncinfer.store`: the topology's (:mod:`asyncinfer.core.topology`),
+#: Table design of :mod:`asyncinfer.jobs.store`: the topology's (:mod:`asyncinfer.core.topology`),
 #: which the local stack creates too.
 PARTITION_KEY = topology.JOB_TABLE.partition.name
 TENANT_INDEX = topology.TENANT_INDEX
@@ -34,7 +34,9 @@ class JobTable(Construct):
     and the sparse GSI ``queued-expiry-index`` (``queued_mark`` S / ``expires_epoch`` N, keys
     only) that the expiry sweeper queries, and the sparse GSI ``running-lease-index``
     (``running_mark`` S / ``lease_expires_epoch`` N, keys only) where the sweeper finds running
-    jobs whose lease lapsed (:mod:`asyncinfer.store`, :mod:`asyncinfer.leases`).
+    jobs whose lease lapsed (:mod:`asyncinfer.jobs.store`, :mod:`asyncinfer.jobs.leases`), and
+    the sparse GSI ``outbox-index`` (``outbox_mark`` S / ``outbox_since`` N, keys only) where it
+    finds job events still pending (:mod:`asyncinfer.jobs.outbox`).
 
     Args:
         removal_policy: RETAIN keeps the records when the stack is deleted.

@@ -1,6 +1,7 @@
 """Fairness in the CDK app (issue 14, behaviour 7): SQS fair queues need the job queues to stay
 standard queues (a FIFO queue would order each tenant's group and cap its throughput; the code
-sends every job message with the tenant as its ``MessageGroupId``, :mod:`asyncinfer.messages`)."""
+sends every job message with the tenant as its ``MessageGroupId``,
+:mod:`asyncinfer.jobs.messages`)."""
 
 from __future__ import annotations
 

@@ -64,6 +64,8 @@ def test_table_matches_the_store_design(any_mode: Any) -> None:
                 },
                 # issue 14 added this index (see test_running_lease_index_is_sparse_keys_only)
                 RUNNING_LEASE_INDEX,
+                # issue 14's events outbox (see test_outbox_index_is_sparse_keys_only)
+                OUTBOX_INDEX,
             ],
         },
     )
@@ -79,10 +81,32 @@ RUNNING_LEASE_INDEX = {
 }
 
 
+OUTBOX_INDEX = {
+    "IndexName": "outbox-index",
+    "KeySchema": [
+        {"AttributeName": "outbox_mark", "KeyType": "HASH"},
+        {"AttributeName": "outbox_since", "KeyType": "RANGE"},
+    ],
+    "Projection": {"ProjectionType": "KEYS_ONLY"},
+}
+
+
+def test_outbox_index_is_sparse_keys_only(any_mode: Any) -> None:
+    """The sweeper finds records with events still pending through this GSI (issue 14,
+    behaviour 6), keyed as the transitions write it (tests/unit/test_outbox.py)."""
+    from asyncinfer.jobs.record import OUTBOX_INDEX as NAME
+
+    (table,) = any_mode.props("AWS::DynamoDB::Table")
+    index = next(i for i in table["GlobalSecondaryIndexes"] if i["IndexName"] == NAME)
+    assert index == OUTBOX_INDEX
+    types = {a["AttributeName"]: a["AttributeType"] for a in table["AttributeDefinitions"]}
+    assert types["outbox_mark"] == "S" and types["outbox_since"] == "N"
+
+
 def test_running_lease_index_is_sparse_keys_only(any_mode: Any) -> None:
     """The sweeper finds running jobs whose lease lapsed through this GSI (issue 14), keyed as
     the store keys it (the local stack's table: tests/unit/test_leases.py)."""
-    from asyncinfer.store import RUNNING_INDEX
+    from asyncinfer.jobs.record import RUNNING_INDEX
 
     (table,) = any_mode.props("AWS::DynamoDB::Table")
     index = next(i for i in table["GlobalSecondaryIndexes"] if i["IndexName"] == RUNNING_INDEX)

@@ -166,7 +166,7 @@ def test_local_table_has_the_template_keys_and_indexes(ecs: Synth, local: Any) -
 
 
 def test_the_store_queries_the_topology_indexes() -> None:
-    from asyncinfer import store
+    from asyncinfer.jobs import store
 
     assert (store.TENANT_INDEX, store.QUEUED_INDEX, store.RUNNING_INDEX) == (
         topology.TENANT_INDEX,

@@ -16,10 +16,10 @@ from moto.server import ThreadedMotoServer
 from asyncinfer.aws import clients
 from asyncinfer.core.settings import Settings
 from asyncinfer.functions.api.schemas import JobRequest
-from asyncinfer.jobs import JobService
+from asyncinfer.jobs.service import JobService
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.local.resources import Resources, create_resources
 from asyncinfer.local.stack import free_port
-from asyncinfer.store import JobStore
 from asyncinfer.worker.runner import Worker
 from tests.conftest import drain_events
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from asyncinfer.core.settings import Settings
-from asyncinfer.jobs import JobService
+from asyncinfer.jobs.service import JobService
 from asyncinfer.local.resources import create_resources
 from asyncinfer.models.base import WorkItem
 from asyncinfer.models.registry import MODELS

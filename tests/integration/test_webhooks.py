@@ -18,13 +18,13 @@ from standardwebhooks import Webhook
 
 from asyncinfer.aws import clients
 from asyncinfer.core.settings import Settings
-from asyncinfer.events import EventPublisher
 from asyncinfer.functions.api.schemas import JobRequest
 from asyncinfer.functions.webhook_dispatcher import WebhookDispatcher, make_handler
-from asyncinfer.jobs import JobService
+from asyncinfer.jobs.events import EventPublisher
+from asyncinfer.jobs.service import JobService
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.local.event_source import pump_once
 from asyncinfer.local.stack import free_port
-from asyncinfer.store import JobStore
 from asyncinfer.webhooks.secrets import SecretStore
 from asyncinfer.webhooks.sender import WebhookSender
 from tests.integration.conftest import Env

@@ -143,7 +143,7 @@ def test_lost_worker_late_write_is_refused(make_env: Callable[..., Env]) -> None
 
 def test_cancelled_job_is_skipped(make_env: Callable[..., Env]) -> None:
     env = make_env()
-    from asyncinfer.jobs import JobService
+    from asyncinfer.jobs.service import JobService
 
     job_id = env.submit("echo", {"n": 1})
     JobService(env.settings).cancel("t1", job_id)
@@ -158,7 +158,7 @@ def test_cancelled_job_is_skipped(make_env: Callable[..., Env]) -> None:
 
 def test_running_job_is_cancelled_at_a_step_boundary(make_env: Callable[..., Env]) -> None:
     env = make_env()
-    from asyncinfer.jobs import JobService
+    from asyncinfer.jobs.service import JobService
 
     job_id = env.submit("echo", {"sleep_seconds": 30})
     with WorkerThread(env.settings):
@@ -212,7 +212,7 @@ def test_a_bad_message_fails_its_own_job_and_spares_the_batch(
     """A job whose input cannot be read (here a message naming an S3 location S3 would refuse,
     sent past the API's checks) fails with invalid_input; the jobs batched with it succeed and
     the worker keeps running."""
-    from asyncinfer.messages import JobMessage
+    from asyncinfer.jobs.messages import JobMessage
 
     env = make_env()
     good = [env.submit("echo", {"n": i}) for i in range(4)]

@@ -11,7 +11,7 @@ from typing import Any
 
 from asyncinfer.aws import clients
 from asyncinfer.aws.payloads import PayloadStore
-from asyncinfer.events import EventPublisher
+from asyncinfer.jobs.events import EventPublisher
 from tests.integration.conftest import Env, WorkerThread
 
 
@@ -103,3 +103,27 @@ def test_redelivered_message_of_a_cancelled_job_republishes_job_cancelled(
         time.sleep(1.5)
     assert types_for(env.events(), job_id) == ["job.cancelled"]
     assert env.job(job_id)["attempts"] == 1
+
+
+def test_a_workers_job_leaves_no_pending_event_and_costs_the_sweeper_one_unmark(
+    make_env: Callable[..., Env], monkeypatch: Any
+) -> None:
+    """The worker's job.started waits in the outbox until the terminal write of its attempt
+    clears it (no request of its own); the sweeper then only takes the record out of the
+    outbox index, publishing nothing again (issue 14, behaviour 6)."""
+    from asyncinfer.functions import sweeper
+    from asyncinfer.jobs import outbox
+
+    env = make_env()
+    job_id = env.submit("echo", {"n": 1})
+    with WorkerThread(env.settings):
+        rec = env.wait_for(job_id, {"succeeded"})
+    time.sleep(1.5)  # the terminal event out
+    assert "outbox" not in (env.store.get(job_id) or {})
+    assert types_for(env.events(), job_id) == ["job.queued", "job.started", "job.succeeded"]
+    real = time.time
+    monkeypatch.setattr(outbox.time, "time", lambda: real() + 3600)
+    assert sweeper.republish_pending(env.settings) == 0
+    assert outbox.due(env.store, int(real()) + 3600) == []
+    assert env.events() == []
+    assert rec["attempts"] == 1

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from asyncinfer.aws import clients
-from asyncinfer.jobs import JobService
-from asyncinfer.jobview import render_job
+from asyncinfer.jobs.service import JobService
+from asyncinfer.jobs.view import render_job
 from tests.integration.conftest import Env, WorkerThread
 
 
@@ -121,7 +121,7 @@ def test_a_redelivered_job_and_a_lost_attempt_still_refuse_late_writes(
     queued and runs as attempt 2; the lost attempt's late terminal write is refused, in a batch
     as alone."""
     from asyncinfer.core.errors import TransitionRefused
-    from asyncinfer.store import Transition
+    from asyncinfer.jobs.transitions import Transition
 
     env = make_env()
     ids = [env.submit("echo", {"n": n}) for n in range(3)]

@@ -11,11 +11,11 @@ from typing import Any
 from asyncinfer.aws import clients
 from asyncinfer.core.settings import Settings
 from asyncinfer.core.timeutil import iso, now
-from asyncinfer.events import EventPublisher
+from asyncinfer.jobs.events import EventPublisher
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.local.event_source import pump_once
 from asyncinfer.openai_api import expansion, finalize
 from asyncinfer.openai_api.files import FileStore
-from asyncinfer.store import JobStore
 
 
 def upload(settings: Settings, tenant: str, lines: list[Any]) -> str:

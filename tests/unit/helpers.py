@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from asyncinfer.store import JobStore
+from asyncinfer.jobs.store import JobStore
 
 
 def new_job(

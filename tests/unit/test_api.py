@@ -78,7 +78,7 @@ def test_event_has_filterable_message_attributes(api: ApiCaller, resources: Reso
 def test_message_carries_the_queued_record(api: ApiCaller, resources: Resources) -> None:
     """The message holds every attribute of the queued record that the job object shows, so a
     worker that starts the job on its first delivery knows the record it wrote."""
-    from asyncinfer.store import JobStore
+    from asyncinfer.jobs.store import JobStore
 
     hook = {"url": "https://example.com/hook", "events": ["job.succeeded"]}
     status, job, _ = api(
@@ -274,7 +274,7 @@ def test_cancel_queued_then_conflict(api: ApiCaller, resources: Resources) -> No
 def test_queued_job_past_ttl_expires_when_read(
     api: ApiCaller, resources: Resources, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import asyncinfer.jobs as jobs_mod
+    import asyncinfer.jobs.service as jobs_mod
 
     _, job, _ = api("POST", "/v1/jobs", {"model": "echo", "input": {}, "ttl_seconds": 10})
     real_now = jobs_mod.now

@@ -12,8 +12,8 @@ from typing import Any
 from asyncinfer.aws import clients
 from asyncinfer.core.settings import Settings
 from asyncinfer.functions import sweeper
+from asyncinfer.jobs.messages import JobMessage, message_group_id
 from asyncinfer.local.resources import Resources
-from asyncinfer.messages import JobMessage, message_group_id
 from tests.conftest import ApiCaller
 
 

@@ -15,8 +15,8 @@ from asyncinfer.core import job_metrics as jm
 from asyncinfer.core.errors import InvalidInput
 from asyncinfer.core.settings import Settings
 from asyncinfer.functions.api.schemas import JobRequest
-from asyncinfer.jobs import JobService
-from asyncinfer.jobview import render_job
+from asyncinfer.jobs.service import JobService
+from asyncinfer.jobs.view import render_job
 from asyncinfer.models import base
 from asyncinfer.models.base import ModelHandler, Result, WorkItem
 from asyncinfer.models.registry import MODELS

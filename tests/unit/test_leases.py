@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 import asyncinfer.functions.sweeper as sweeper
-from asyncinfer import leases
 from asyncinfer.aws import clients
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.core.settings import Settings
@@ -24,9 +23,10 @@ from asyncinfer.core.timeutil import now
 from asyncinfer.functions.api.schemas import JobRequest
 from asyncinfer.functions.sagemaker_bridge import Bridge, inference_id
 from asyncinfer.functions.sagemaker_completion import Completion
-from asyncinfer.jobs import JobService
+from asyncinfer.jobs import leases
+from asyncinfer.jobs.service import JobService
+from asyncinfer.jobs.store import LEASE_FIELD, JobStore
 from asyncinfer.local.resources import Resources
-from asyncinfer.store import LEASE_FIELD, JobStore
 from asyncinfer.worker import runner
 from asyncinfer.worker.inflight import Held
 from asyncinfer.worker.runner import Worker
@@ -366,7 +366,7 @@ def test_a_late_notification_of_attempt_1_never_finishes_attempt_2(
 def test_reading_a_job_handed_back_after_its_ttl_does_not_expire_it(
     lset: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import asyncinfer.jobs as jobs
+    import asyncinfer.jobs.service as jobs
 
     store = JobStore(lset)
     job_id = submit(lset, ttl_seconds=10)

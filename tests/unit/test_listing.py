@@ -9,10 +9,10 @@ from urllib.parse import quote
 
 import pytest
 
-from asyncinfer import store as store_module
 from asyncinfer.aws import clients
 from asyncinfer.core.errors import InvalidRequest
-from asyncinfer.cursors import decode_cursor, encode_cursor
+from asyncinfer.jobs import store as store_module
+from asyncinfer.jobs.cursors import decode_cursor, encode_cursor
 from asyncinfer.local.resources import Resources
 from tests.conftest import ApiCaller
 from tests.unit.helpers import count_calls

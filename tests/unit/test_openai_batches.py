@@ -14,11 +14,11 @@ from openai.types.chat import ChatCompletion
 
 from asyncinfer.aws import clients
 from asyncinfer.core.settings import Settings
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.local.resources import Resources
 from asyncinfer.openai_api.batch_store import BatchStore
 from asyncinfer.openai_api.expansion import Expander
 from asyncinfer.openai_api.files import FileStore
-from asyncinfer.store import JobStore
 from tests.conftest import ApiCaller
 from tests.unit.batch_helpers import (
     chat_line,
@@ -192,7 +192,7 @@ def test_counts_exact_and_a_retried_event_never_double_counts(
     run_events(settings)
     ended = JobStore(settings).get(jobs[0]["job_id"])
     assert ended is not None
-    from asyncinfer.events import EventPublisher
+    from asyncinfer.jobs.events import EventPublisher
 
     for _ in range(2):
         EventPublisher(settings).publish(ended)

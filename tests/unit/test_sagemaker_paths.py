@@ -26,12 +26,12 @@ from asyncinfer.core.timeutil import iso, now
 from asyncinfer.functions.api.schemas import JobRequest
 from asyncinfer.functions.sagemaker_bridge import Bridge, inference_id
 from asyncinfer.functions.sagemaker_completion import Completion, classify_failure
-from asyncinfer.jobs import JobService
+from asyncinfer.jobs.service import JobService
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.local.resources import Resources
 from asyncinfer.models.echo import EchoHandler
 from asyncinfer.models.registry import MODELS
 from asyncinfer.scaling.backlog import BacklogConfig, backlog_point, publish_backlog_metrics
-from asyncinfer.store import JobStore
 from asyncinfer.worker.sagemaker_server import InvocationsApp, make_server
 from tests.conftest import drain_events
 
@@ -405,7 +405,7 @@ def test_backlog_metrics_are_written_as_emf(monkeypatch: pytest.MonkeyPatch) -> 
 def test_cancel_while_the_endpoint_runs_ends_cancelled(
     settings: Settings, resources: Resources
 ) -> None:
-    from asyncinfer.jobs import JobService
+    from asyncinfer.jobs.service import JobService
 
     job_id, answer = run_on_sagemaker(settings, resources, {"data": json.dumps({"n": 1})})
     view = JobService(settings).cancel("t1", job_id)

@@ -147,9 +147,11 @@ def test_nothing_configured_is_a_no_op() -> None:
 def test_submit_wakes_the_model(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """The job service's submit calls wake_on_submit once the job is queued."""
     from asyncinfer.functions.api.schemas import JobRequest
-    from asyncinfer.jobs import JobService
+    from asyncinfer.jobs.service import JobService
 
     calls: list[str] = []
-    monkeypatch.setattr("asyncinfer.jobs.wake_on_submit", lambda s, model: calls.append(model))
+    monkeypatch.setattr(
+        "asyncinfer.jobs.service.wake_on_submit", lambda s, model: calls.append(model)
+    )
     JobService(settings).submit("t1", JobRequest(model="echo", input={"n": 1}))
     assert calls == ["echo"]

@@ -73,6 +73,7 @@ _EVERY_VAR: list[tuple[str, str, str, object]] = [
     (ev.HEARTBEAT_SECONDS, "1.5", "heartbeat_seconds", 1.5),
     (ev.LEASE_SECONDS, "12", "lease_seconds", 12.0),
     (ev.SWEEP_SECONDS, "0.5", "sweep_seconds", 0.5),
+    (ev.OUTBOX_GRACE, "12.5", "outbox_grace_seconds", 12.5),
     (ev.RECEIVE_WAIT, "1", "receive_wait_seconds", 1),
     (ev.DRAIN_SECONDS, "3", "drain_seconds", 3.0),
     (ev.RETRY_DELAY, "0.2", "retry_delay_seconds", 0.2),

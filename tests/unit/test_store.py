@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from asyncinfer import store as store_module
 from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.core.settings import Settings
-from asyncinfer.store import JobStore, Transition
+from asyncinfer.jobs import transact as transact_module
+from asyncinfer.jobs import transitions as store_module
+from asyncinfer.jobs.store import JobStore, Transition
 from tests.unit.helpers import count_calls, new_job
 
 
@@ -233,7 +234,7 @@ def test_transaction_limits_cut_calls(settings: Settings, monkeypatch: Any) -> N
     assert store.transition_many([running(j) for j in ids]) == [None] * 150
     assert calls == Counter({"TransactWriteItems": 2})
     monkeypatch.setattr(
-        store_module, "TRANSACT_BUDGET_BYTES", 3 * (store_module.ITEM_BASE_BYTES + 4000)
+        transact_module, "TRANSACT_BUDGET_BYTES", 3 * (transact_module.ITEM_BASE_BYTES + 4000)
     )
     big = "x" * 3000
     calls.clear()

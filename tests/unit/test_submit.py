@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, ReadTimeoutError
 
-from asyncinfer import idempotency
 from asyncinfer.aws import clients
 from asyncinfer.aws.payloads import MAX_JSON_DEPTH
 from asyncinfer.functions.api.app import service
-from asyncinfer.jobs import JobService
+from asyncinfer.jobs import idempotency
+from asyncinfer.jobs.messages import MAX_MESSAGE_BYTES, JobMessage
+from asyncinfer.jobs.service import JobService
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.local.resources import Resources
-from asyncinfer.messages import MAX_MESSAGE_BYTES, JobMessage
-from asyncinfer.store import JobStore
 from tests.conftest import ApiCaller, apply_env
 
 

@@ -9,8 +9,8 @@ import pytest
 import asyncinfer.functions.sweeper as sweeper
 from asyncinfer.core.settings import Settings
 from asyncinfer.functions.api.schemas import JobRequest
-from asyncinfer.jobs import JobService
-from asyncinfer.store import JobStore
+from asyncinfer.jobs.service import JobService
+from asyncinfer.jobs.store import JobStore
 
 
 def submit(settings: Settings, ttl: int) -> str:

@@ -51,7 +51,7 @@ def test_queue_attributes() -> None:
         "deadLetterTargetArn": "arn:dlq",
         "maxReceiveCount": 4,
     }
-    assert jobs.fair  # the tenant is the MessageGroupId (asyncinfer.messages)
+    assert jobs.fair  # the tenant is the MessageGroupId (asyncinfer.jobs.messages)
     with pytest.raises(ValueError, match="visibility"):
         jobs.attributes(max_receive_count=4, dlq_arn="arn:dlq")
     with pytest.raises(ValueError, match="DLQ"):

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from asyncinfer import waits
 from asyncinfer.core.settings import Settings
 from asyncinfer.functions.api.app import service
+from asyncinfer.jobs import waits
+from asyncinfer.jobs.waits import WaitSlots
 from asyncinfer.local.resources import Resources
-from asyncinfer.waits import WaitSlots
 from tests.conftest import ApiCaller, apply_env
 
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from asyncinfer.core.settings import Settings
-from asyncinfer.events import event_for
 from asyncinfer.functions.webhook_dispatcher import WebhookDispatcher, make_handler
-from asyncinfer.store import JobStore
+from asyncinfer.jobs.events import event_for
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.webhooks.batch import BOOKKEEPING_SECONDS, batch_deadlines
 from asyncinfer.webhooks.sender import WebhookSender
 from tests.unit.test_webhook_deadline import TRICKLE_FOR, SlowReceiver, _read_request, _trickle

@@ -16,7 +16,6 @@ from standardwebhooks import Webhook, WebhookVerificationError
 
 from asyncinfer.core.errors import ConfigError
 from asyncinfer.core.settings import Settings
-from asyncinfer.events import event_for
 from asyncinfer.functions.api.schemas import JobRequest
 from asyncinfer.functions.webhook_dispatcher import (
     WebhookDispatcher,
@@ -25,8 +24,9 @@ from asyncinfer.functions.webhook_dispatcher import (
     make_handler,
     parse_event,
 )
-from asyncinfer.jobs import JobService
-from asyncinfer.store import JobStore
+from asyncinfer.jobs.events import event_for
+from asyncinfer.jobs.service import JobService
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.webhooks import verify
 from asyncinfer.webhooks.secrets import SecretStore, encryption_context
 from asyncinfer.webhooks.sender import MAX_RESPONSE_BYTES, WebhookSender

@@ -12,10 +12,10 @@ import pytest
 
 from asyncinfer.core.errors import InvalidInput, JobCancelled, TransientError, WorkerStopping
 from asyncinfer.core.settings import INLINE_OUTPUT_LIMIT_BYTES
+from asyncinfer.jobs.transitions import Transition
 from asyncinfer.models.base import WorkItem
 from asyncinfer.models.registry import MODELS
 from asyncinfer.models.schemas import EchoInput
-from asyncinfer.store import Transition
 from asyncinfer.worker import outcomes
 from asyncinfer.worker.held import HeldMessages
 from asyncinfer.worker.inflight import Held

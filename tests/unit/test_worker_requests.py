@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from asyncinfer.core.settings import Settings
-from asyncinfer.store import JobStore
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.worker import held as held_module
 from asyncinfer.worker import watcher
 from asyncinfer.worker.inflight import Held

@@ -115,7 +115,7 @@ class PayloadTooLarge(ApiError):
 
 class RateLimited(ApiError):
     """Too many requests (HTTP 429), e.g. more concurrent ``?wait`` long polls than a tenant may
-    hold (:mod:`asyncinfer.waits`).
+    hold (:mod:`asyncinfer.jobs.waits`).
 
     Args:
         retry_after: seconds after which a retry may succeed; sent as ``Retry-After``
@@ -212,6 +212,41 @@ class JobCancelled(JobError):
     def __init__(self, message: str, partial: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.partial = partial
+
+
+class JobExpired(JobError):
+    """The job's ``ttl_seconds`` passed while it waited for its first attempt (permanent; the job
+    becomes ``expired``, never ``failed``: spec, "Job lifecycle")."""
+
+    code = "expired"
+
+
+class MaxAttempts(JobError):
+    """Every attempt the job was given was lost or failed retryably: its message reached the
+    dead-letter queue, or its lease lapsed on the last attempt (permanent)."""
+
+    code = "max_attempts"
+
+
+def job_error(code: str, message: str) -> JobError:
+    """The :class:`JobError` of a job error ``code`` (spec, "Error codes of jobs") that came
+    from outside the worker (a SageMaker container's failure body): the class of that code, or
+    :class:`ModelError` carrying the code as given for one this taxonomy does not name.
+    ``as_dict()`` of the result gives ``{"code": code, "message": message}``."""
+    for cls in (
+        InvalidInput,
+        ModelError,
+        OutOfMemory,
+        JobTimeout,
+        JobCancelled,
+        JobExpired,
+        MaxAttempts,
+    ):
+        if cls.code == code:
+            return cls(message)
+    err = ModelError(message)
+    err.code = code  # type: ignore[misc]
+    return err
 
 
 class WorkerStopping(AsyncInferError):

@@ -31,6 +31,8 @@ Environment variables (all optional unless a component needs the resource):
                                     heartbeat intervals)
 ``ASYNCINFER_SWEEP_SECONDS``        how often the local stack's sweeper runs, seconds (5; in AWS
                                     a scheduled Lambda every minute)
+``ASYNCINFER_OUTBOX_GRACE_SECONDS`` age, seconds, after which the sweeper republishes a pending
+                                    event of the events outbox (30)
 ``ASYNCINFER_RECEIVE_WAIT``         ReceiveMessage WaitTimeSeconds, 0..20 (20)
 ``ASYNCINFER_DRAIN_SECONDS``        after SIGTERM, how long running jobs may go on (10)
 ``ASYNCINFER_RETRY_DELAY``          base delay, seconds, before a retryable failure is retried (2)
@@ -159,6 +161,9 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(0.0, ge=0, validation_alias=ev.HEARTBEAT_SECONDS)
     lease_seconds: float = Field(0.0, ge=0, validation_alias=ev.LEASE_SECONDS)
     sweep_seconds: float = Field(5.0, gt=0, validation_alias=ev.SWEEP_SECONDS)
+    #: A pending event older than this (seconds) is republished by the sweeper (events outbox,
+    #: :mod:`asyncinfer.jobs.outbox`).
+    outbox_grace_seconds: float = Field(30.0, gt=0, validation_alias=ev.OUTBOX_GRACE)
     receive_wait_seconds: int = Field(20, ge=0, le=20, validation_alias=ev.RECEIVE_WAIT)
     receive_max_messages: int = Field(10, ge=1, le=10)
     drain_seconds: float = Field(10.0, ge=0, validation_alias=ev.DRAIN_SECONDS)

@@ -68,11 +68,13 @@ class Table:
 TENANT_INDEX = "tenant-index"
 QUEUED_INDEX = "queued-expiry-index"
 RUNNING_INDEX = "running-lease-index"
+OUTBOX_INDEX = "outbox-index"
 JOB_ID = Key("job_id", "S")
 
-#: The job records (:mod:`asyncinfer.store`): ``tenant-index`` lists a tenant's jobs; the sparse
-#: ``queued-expiry-index`` (queued jobs by TTL end) and ``running-lease-index`` (running jobs by
-#: lease end) are what the sweeper queries, keys only.
+#: The job records (:mod:`asyncinfer.jobs.store`): ``tenant-index`` lists a tenant's jobs; the
+#: sparse ``queued-expiry-index`` (queued jobs by TTL end) and ``running-lease-index`` (running
+#: jobs by lease end) are what the sweeper queries, keys only, and so is the sparse
+#: ``outbox-index`` (records with pending events, by when the oldest became pending).
 JOB_TABLE = Table(
     suffix="jobs",
     partition=JOB_ID,
@@ -82,6 +84,8 @@ JOB_TABLE = Table(
         Index(
             RUNNING_INDEX, Key("running_mark", "S"), Key("lease_expires_epoch", "N"), "KEYS_ONLY"
         ),
+        # Records with events not yet published (the events outbox, asyncinfer.jobs.outbox).
+        Index(OUTBOX_INDEX, Key("outbox_mark", "S"), Key("outbox_since", "N"), "KEYS_ONLY"),
     ),
     ttl_attribute="ttl",
 )
@@ -227,7 +231,7 @@ class Queue:
     ``visibility_timeout_seconds`` / ``max_receive_count`` ``None``: the deployment's setting
     (``ASYNCINFER_VISIBILITY_TIMEOUT`` / ``ASYNCINFER_MAX_RECEIVE_COUNT``). ``dead_letter``: the
     name of its dead-letter queue. ``fair``: messages carry the tenant as ``MessageGroupId``
-    (SQS fair queues; :mod:`asyncinfer.messages`), which needs no queue attribute.
+    (SQS fair queues; :mod:`asyncinfer.jobs.messages`), which needs no queue attribute.
     """
 
     name: str

@@ -24,10 +24,10 @@ from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.core.observability import instrument, powertools
 from asyncinfer.core.settings import Settings, get_settings
-from asyncinfer.core.timeutil import iso, now
-from asyncinfer.events import EventPublisher
-from asyncinfer.messages import JobMessage
-from asyncinfer.store import JobStore
+from asyncinfer.jobs import transitions
+from asyncinfer.jobs.events import EventPublisher
+from asyncinfer.jobs.messages import JobMessage
+from asyncinfer.jobs.store import JobStore
 
 log = logging.getLogger("asyncinfer.functions.dlq")
 
@@ -40,40 +40,71 @@ class DeadLetterHandler:
         self.store = JobStore(settings)
         self.events = EventPublisher(settings)
 
-    def handle(self, body: str, receive_count: int | None = None) -> dict[str, Any] | None:
-        """Fail the job of one dead-lettered message body.
+    def handle(
+        self, body: str, receive_count: int | None = None, message_id: str | None = None
+    ) -> dict[str, Any] | None:
+        """Fail the job of one dead-lettered message body (``message_id``: its SQS MessageId,
+        which SQS keeps when it moves a message to the dead-letter queue).
+
+        A ``queued`` job fails. A ``running`` job fails only when its attempt started from this
+        very message (the record's ``message_id``; a record without one, written before
+        attempts named their message, is failed as before): a duplicate or older message of a
+        job that runs another attempt, started from another message, is not that attempt's
+        verdict, and the running attempt is left to finish (or to its lease).
 
         Returns the failed record, or ``None`` when there was nothing to fail (the job had
-        already finished, or the body is not a job message: logged and dropped, since no job
-        can be named). Raises on AWS errors so the record is retried.
+        already finished or runs an attempt of another message, or the body is not a job
+        message: logged and dropped, since no job can be named). Raises on AWS errors so the
+        record is retried; an event that could not be published stays in the record's outbox.
         """
         try:
             msg = JobMessage.model_validate_json(body)
         except ValidationError:
             log.error("dead-lettered message is not a job message; dropped: %.200s", body)
             return None
-        attempts = f" ({receive_count} receives)" if receive_count else ""
+        record = self._fail(msg.job_id, receive_count, message_id)
+        if record is None:
+            return None
+        log.info("job %s failed: max_attempts", msg.job_id)
         try:
-            record = self.store.transition(
-                msg.job_id,
-                from_status=(lifecycle.QUEUED, lifecycle.RUNNING),
-                to_status=lifecycle.FAILED,
-                # A lost attempt's partial output and progress are not the job's result.
-                remove_fields=("output", "progress_tokens"),
-                set_fields={
-                    "completed_at": iso(now()),
-                    "error": {
-                        "code": "max_attempts",
-                        "message": f"the job failed on every attempt{attempts}",
-                    },
-                },
+            self.events.publish(record)
+        except Exception:  # the write is done: the sweeper publishes it from the outbox
+            log.exception("job.failed of %s not published; left in its outbox", msg.job_id)
+        return record
+
+    def _fail(
+        self, job_id: str, receive_count: int | None, message_id: str | None
+    ) -> dict[str, Any] | None:
+        try:
+            return self.store.apply(transitions.dead_letter(job_id, receive_count=receive_count))
+        except TransitionRefused as exc:
+            current = exc.current
+        if current is None or current.get("status") != lifecycle.RUNNING:
+            status = current and current["status"]
+            log.info("dead-lettered job %s needs no change: it is %s", job_id, status)
+            return None
+        started_from = current.get("message_id")
+        if started_from and message_id and started_from != message_id:
+            log.info(
+                "job %s runs attempt %s of message %s: dead-lettered message %s left alone",
+                job_id,
+                current.get("attempts"),
+                started_from,
+                message_id,
+            )
+            return None
+        try:
+            return self.store.apply(
+                transitions.dead_letter(
+                    job_id,
+                    receive_count=receive_count,
+                    running_attempt=int(current.get("attempts") or 0),
+                    message_id=started_from if message_id else None,
+                )
             )
         except TransitionRefused as exc:
             log.info("dead-lettered job needs no change: %s", exc)
             return None
-        log.info("job %s failed: max_attempts", msg.job_id)
-        self.events.publish(record)
-        return record
 
 
 @lru_cache(maxsize=1)
@@ -87,7 +118,7 @@ processor = BatchProcessor(event_type=EventType.SQS)
 def record_handler(record: SQSRecord) -> None:
     """Powertools batch record handler: one dead-lettered message."""
     count = record.attributes.approximate_receive_count
-    _handler().handle(record.body, int(count) if count else None)
+    _handler().handle(record.body, int(count) if count else None, record.message_id)
 
 
 logger, tracer, metrics = powertools("asyncinfer-dlq")

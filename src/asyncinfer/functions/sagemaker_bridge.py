@@ -1,6 +1,6 @@
 """SQS job messages -> SageMaker asynchronous inference (``InvokeEndpointAsync``).
 
-Per message (:class:`~asyncinfer.messages.JobMessage`):
+Per message (:class:`~asyncinfer.jobs.messages.JobMessage`):
 
 1. a job past ``expires_at`` before its first attempt becomes ``expired`` (event published),
    message acknowledged; a job that started before is not expired but submitted again;
@@ -10,8 +10,9 @@ Per message (:class:`~asyncinfer.messages.JobMessage`):
    ``Settings.lease_interval``) through :meth:`JobStore.transition`. A refused transition
    (cancelled, finished, already submitted) acknowledges the message, except for a job found
    ``running`` whose lease lapsed (a bridge died between marking it running and invoking the
-   endpoint): it is taken back (:mod:`asyncinfer.leases`) and submitted again; one whose lease is
-   live and that was not invoked yet is retried later (another bridge may be invoking it);
+   endpoint): it is taken back (:mod:`asyncinfer.jobs.leases`) and submitted
+   again; one whose lease is live and that was not invoked yet is retried later (another
+   bridge may be invoking it);
 4. ``InvokeEndpointAsync`` with ``InputLocation`` = the input URI, ``InferenceId`` =
    :func:`inference_id` (the job id and the attempt, so that a late notification of an earlier
    attempt is told apart),
@@ -34,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -46,9 +48,10 @@ from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.core.observability import instrument, powertools
 from asyncinfer.core.settings import Settings
 from asyncinfer.core.timeutil import iso, now, parse
-from asyncinfer.leases import take_back
-from asyncinfer.messages import JobMessage
-from asyncinfer.store import LEASE_FIELD, JobStore
+from asyncinfer.jobs import outbox, transitions
+from asyncinfer.jobs.leases import take_back
+from asyncinfer.jobs.messages import JobMessage
+from asyncinfer.jobs.store import LEASE_FIELD, JobStore
 
 #: SageMaker InvokeEndpointAsync limits, seconds.
 REQUEST_TTL_MIN, REQUEST_TTL_MAX = 60, 21_600
@@ -110,7 +113,7 @@ class Bridge:
         self.payloads = payloads or PayloadStore(settings)
         self.runtime = runtime or clients.client("sagemaker-runtime", settings)
         if publish is None:
-            from asyncinfer.events import EventPublisher
+            from asyncinfer.jobs.events import EventPublisher
 
             publish = EventPublisher(settings, self.payloads).publish
         self.publish = publish
@@ -132,7 +135,7 @@ class Bridge:
         failures = []
         for record in event.get("Records", []):
             try:
-                ok = self.submit(record["body"])
+                ok = self.submit(record["body"], message_id=record.get("messageId"))
             except Exception:
                 self.log.exception("bridge failed on message %s", record.get("messageId"))
                 ok = False
@@ -140,8 +143,9 @@ class Bridge:
                 failures.append({"itemIdentifier": record["messageId"]})
         return {"batchItemFailures": failures}
 
-    def submit(self, body: str) -> bool:
-        """Handle one message body. Returns False when the message should be retried."""
+    def submit(self, body: str, *, message_id: str | None = None) -> bool:
+        """Handle one message body (``message_id``: its SQS MessageId, recorded on the attempt it
+        starts). Returns False when the message should be retried."""
         try:
             msg = JobMessage.model_validate_json(body)
         except ValidationError as exc:
@@ -159,7 +163,7 @@ class Bridge:
             input_uri = msg.input_ref
         else:
             input_uri = self.payloads.put_input(msg.tenant, msg.job_id, dumps(msg.input or {}))
-        started = self._start(msg.job_id, input_uri, iso(current))
+        started = self._start(msg.job_id, input_uri, iso(current), message_id)
         if not isinstance(started, dict):
             return started  # True: nothing to submit (acknowledge); False: retry it later
         record = started
@@ -181,13 +185,12 @@ class Bridge:
             )
         except Exception:
             self.log.exception("InvokeEndpointAsync failed for job %s", msg.job_id)
+            # SageMaker never took the request: no event at all (its job.started, never
+            # published, leaves the outbox with this write; the requeue publishes none).
+            shown = tuple(outbox.pending_keys(record, "job.started"))
+            back = transitions.requeue(msg.job_id, record["attempts"])
             with contextlib.suppress(TransitionRefused):
-                self.store.transition(
-                    msg.job_id,
-                    from_status=lifecycle.RUNNING,
-                    to_status=lifecycle.QUEUED,
-                    attempts=record["attempts"],
-                )
+                self.store.apply(replace(back, outboxed=False, clears=shown))
             return False
         # The endpoint holds the request now: the lease lasts as long as SageMaker may take.
         extended = self.store.update_fields(
@@ -212,19 +215,22 @@ class Bridge:
         self.publish(record)
         return True
 
-    def _start(self, job_id: str, input_uri: str, started_at: str) -> dict[str, Any] | bool:
+    def _start(
+        self, job_id: str, input_uri: str, started_at: str, message_id: str | None = None
+    ) -> dict[str, Any] | bool:
         """``queued -> running`` (step 3). Returns the running record; ``True`` when the message
         needs no submit (acknowledge it); ``False`` when the job runs under a live lease but was
         not invoked yet (another bridge may be invoking it: retry the message later)."""
         for _ in range(2):
             try:
-                return self.store.transition(
-                    job_id,
-                    from_status=lifecycle.QUEUED,
-                    to_status=lifecycle.RUNNING,
-                    increment_attempts=True,
-                    set_fields={"started_at": started_at, "input_ref": input_uri},
-                    remove_fields=("completed_at", "inference_id"),
+                return self.store.apply(
+                    transitions.start(
+                        job_id,
+                        attempts=None,
+                        started_at=started_at,
+                        message_id=message_id,
+                        set_fields={"input_ref": input_uri},
+                    )
                 )
             except TransitionRefused as exc:
                 cur = exc.current

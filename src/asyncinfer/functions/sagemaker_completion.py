@@ -29,12 +29,12 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from asyncinfer.aws.payloads import PayloadStore, dumps
 from asyncinfer.core import job_metrics, lifecycle
-from asyncinfer.core.errors import TransitionRefused
+from asyncinfer.core.errors import JobCancelled, TransitionRefused, job_error
 from asyncinfer.core.observability import instrument, powertools
 from asyncinfer.core.settings import INLINE_OUTPUT_LIMIT_BYTES, Settings
 from asyncinfer.core.timeutil import iso, now, parse
 from asyncinfer.functions.sagemaker_bridge import parse_inference_id
-from asyncinfer.store import JobStore
+from asyncinfer.jobs.store import JobStore
 
 Publish = Callable[[dict[str, Any]], Any]
 #: Called as ``emit(metric_name, value, unit, model)``.
@@ -57,7 +57,7 @@ def classify_failure(reason: str, detail: Any = None) -> dict[str, str]:
     if isinstance(detail, dict) and isinstance(detail.get("error"), dict):
         err = detail["error"]
         if err.get("code"):
-            return {"code": str(err["code"]), "message": str(err.get("message", reason))[:1000]}
+            return job_error(str(err["code"]), str(err.get("message", reason))[:1000]).as_dict()
     low = reason.lower()
     if "timed out" in low or "timeout" in low or "ttl" in low or "expired" in low:
         code = "timeout"
@@ -67,7 +67,7 @@ def classify_failure(reason: str, detail: Any = None) -> dict[str, str]:
         code = "invalid_input"
     else:
         code = "model_error"
-    return {"code": code, "message": reason[:1000] or "SageMaker inference failed"}
+    return job_error(code, reason[:1000] or "SageMaker inference failed").as_dict()
 
 
 class Completion:
@@ -95,7 +95,7 @@ class Completion:
         self.store = store or JobStore(settings)
         self.payloads = payloads or PayloadStore(settings)
         if publish is None:
-            from asyncinfer.events import EventPublisher
+            from asyncinfer.jobs.events import EventPublisher
 
             publish = EventPublisher(settings, self.payloads).publish
         self.publish = publish
@@ -165,10 +165,9 @@ class Completion:
             # A SageMaker invocation cannot be stopped once it runs: a job cancelled meanwhile
             # ends cancelled when its result arrives, keeping what the endpoint produced.
             to = lifecycle.CANCELLED
-            fields["error"] = {
-                "code": "cancelled",
-                "message": "cancelled by the client while the endpoint ran it",
-            }
+            fields["error"] = JobCancelled(
+                "cancelled by the client while the endpoint ran it"
+            ).as_dict()
         try:
             new = self.store.transition(
                 job_id,

@@ -1,13 +1,16 @@
-"""The sweeper. Two sweeps, each through the store's conditional transitions:
+"""The sweeper. Three sweeps, each through the store's conditional transitions:
 
 * expiry: queued jobs whose ``ttl_seconds`` passed before their first attempt become
   ``expired`` (error code ``expired``) and ``job.expired`` is published, even while no worker
   runs and nobody reads them. The job's SQS message stays in the queue; a worker that dequeues it
   later finds the job terminal and deletes the message without running it. Workers and ``GET``
   also expire due jobs they meet, so the sweeper's period bounds the delay, not correctness.
+* outbox: events still pending in a record after ``Settings.outbox_grace_seconds`` (a failed
+  publish, a writer that died before publishing) are published again
+  (:mod:`asyncinfer.jobs.outbox`);
 * lease takeover: running jobs whose lease lapsed (no live worker: killed, a SageMaker bridge
   that died before invoking the endpoint, a completion notification that never came) are taken
-  back (:mod:`asyncinfer.leases`): requeued for another attempt, or failed with
+  back (:mod:`asyncinfer.jobs.leases`): requeued for another attempt, or failed with
   ``max_attempts``, or cancelled when a cancel was requested; their event is published. A worker
   job's message comes back by itself once its visibility timeout runs out (its worker no longer
   extends it); a SageMaker job's message was acknowledged when the bridge invoked the endpoint
@@ -29,14 +32,14 @@ from typing import Any
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from asyncinfer import leases
 from asyncinfer.aws import clients
 from asyncinfer.core import lifecycle
 from asyncinfer.core.observability import instrument, powertools
 from asyncinfer.core.settings import Settings, get_settings
-from asyncinfer.events import EventPublisher
-from asyncinfer.messages import JobMessage
-from asyncinfer.store import JobStore
+from asyncinfer.jobs import leases, outbox
+from asyncinfer.jobs.events import EventPublisher
+from asyncinfer.jobs.messages import JobMessage
+from asyncinfer.jobs.store import JobStore
 
 log = logging.getLogger("asyncinfer.functions.sweeper")
 
@@ -99,11 +102,21 @@ def take_back_lapsed(settings: Settings, *, limit: int = 500) -> list[dict[str, 
     return taken
 
 
+def republish_pending(settings: Settings, *, limit: int = 500) -> int:
+    """Publish again the events still pending in records' outboxes after
+    ``Settings.outbox_grace_seconds`` (:func:`asyncinfer.jobs.outbox.republish_due`): events whose
+    publish failed, or whose writer died before it published. Returns how many."""
+    store = JobStore(settings)
+    events = EventPublisher(settings, store=store)
+    return outbox.republish_due(store, events, settings.outbox_grace_seconds, limit=limit)
+
+
 def _publish(events: EventPublisher, record: dict[str, Any]) -> None:
     """Publish the event of a transition the sweep wrote; an SNS failure is logged, never
     raised: the write is done, and the sweep goes on with the other jobs (before, one failed
     publish in an SNS outage ended the round, leaving the other lapsed or expired jobs as they
-    were). The event itself is then lost: the sweeper has no outbox yet (issue 14, behaviour 6)."""
+    were). The event stays in the record's outbox, and a later sweep publishes it
+    (:func:`republish_pending`)."""
     try:
         events.publish(record)
     except Exception:
@@ -124,7 +137,7 @@ def _take_back_one(
         sqs.send_message(
             QueueUrl=settings.queue_url(record["model"], record.get("priority") or "normal"),
             MessageBody=message.dumps(),
-            MessageGroupId=message.group_id,  # fair queues (asyncinfer.messages)
+            MessageGroupId=message.group_id,  # fair queues (asyncinfer.jobs.messages)
         )
     return leases.take_back(store, record, now_epoch, settings)
 
@@ -158,10 +171,13 @@ logger, tracer, metrics = powertools("asyncinfer-sweeper")
 @instrument(logger, tracer, metrics)
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The scheduled sweeper Lambda: ``{"expired": <count>, "taken_back": <count>}``; metrics
-    ``JobsExpired`` and ``LeasesLapsed``."""
+    ``JobsExpired``, ``LeasesLapsed`` and ``EventsRepublished`` (pending events published
+    again)."""
     settings = get_settings()
     count = len(expire_due(settings))
     metrics.add_metric(name="JobsExpired", unit=MetricUnit.Count, value=count)
     taken = len(take_back_lapsed(settings))
     metrics.add_metric(name="LeasesLapsed", unit=MetricUnit.Count, value=taken)
+    republished = republish_pending(settings)
+    metrics.add_metric(name="EventsRepublished", unit=MetricUnit.Count, value=republished)
     return {"expired": count, "taken_back": taken}

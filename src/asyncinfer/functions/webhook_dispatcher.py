@@ -25,7 +25,7 @@ delivery (in AWS: this module's :func:`handler` behind an SQS event source with
 The job record keeps ``webhook_status`` (``pending`` / ``delivered`` / ``failed``),
 ``webhook_attempts``, ``webhook_last_http_status``, ``webhook_last_response`` (at most 1 KB),
 ``webhook_last_error``, ``webhook_last_attempt_at``, ``webhook_delivered`` (ids, a string set) and
-``webhook_gone``; :mod:`asyncinfer.jobview` shows the first three.
+``webhook_gone``; :mod:`asyncinfer.jobs.view` shows the first three.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from asyncinfer.core.observability import instrument, powertools
 from asyncinfer.core.settings import Settings, get_settings
 from asyncinfer.core.timeutil import iso, now, parse
 from asyncinfer.functions.api.schemas import TERMINAL_EVENTS
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.openai_api.batch_events import BATCH_EVENTS
-from asyncinfer.store import JobStore
 from asyncinfer.webhooks.batch import deliver_batch
 from asyncinfer.webhooks.secrets import SecretStore
 from asyncinfer.webhooks.sender import DeliveryResult, WebhookSender
@@ -291,18 +291,7 @@ class WebhookDispatcher:
             names["#d"] = "webhook_delivered"
             values[":d"] = {"SS": [delivered_id]}
             expr += " ADD #d :d"
-        try:
-            self.store.ddb.update_item(
-                TableName=self.store.table,
-                Key={"job_id": {"S": job_id}},
-                UpdateExpression=expr,
-                ConditionExpression="attribute_exists(job_id)",
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues=values,
-            )
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
-                raise
+        if not self.store.record_delivery(job_id, expr, names, values):
             log.info("job %s is gone; webhook state not recorded", job_id)
 
     def _dead_letter(

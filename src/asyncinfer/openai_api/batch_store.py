@@ -39,7 +39,7 @@ from botocore.exceptions import ClientError
 from asyncinfer.aws import clients
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.core.settings import Settings
-from asyncinfer.store import TENANT_INDEX, from_item, to_item
+from asyncinfer.jobs.store import TENANT_INDEX, from_item, to_item
 
 VALIDATING, FAILED, IN_PROGRESS, FINALIZING = "validating", "failed", "in_progress", "finalizing"
 COMPLETED, EXPIRED, CANCELLING, CANCELLED = "completed", "expired", "cancelling", "cancelled"

@@ -35,7 +35,7 @@ from asyncinfer.aws import clients
 from asyncinfer.core.errors import ApiError, Conflict, InternalError, NotFound, TransitionRefused
 from asyncinfer.core.settings import Settings, get_settings
 from asyncinfer.functions.api.schemas import JobRequest
-from asyncinfer.jobs import JobService
+from asyncinfer.jobs.service import JobService
 from asyncinfer.openai_api import batch_store as bs
 from asyncinfer.openai_api.batch_events import publish_batch_event
 from asyncinfer.openai_api.batch_store import BatchStore

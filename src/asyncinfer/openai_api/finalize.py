@@ -27,13 +27,13 @@ from asyncinfer.aws.payloads import PayloadStore
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.core.lifecycle import is_terminal
 from asyncinfer.core.settings import Settings
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.openai_api import batch_store as bs
 from asyncinfer.openai_api.batch_events import publish_batch_event
 from asyncinfer.openai_api.batch_store import BatchStore
 from asyncinfer.openai_api.chunks import read_chunk
 from asyncinfer.openai_api.files import FileStore
 from asyncinfer.openai_api.layout import error_line, jsonl, output_line
-from asyncinfer.store import JobStore
 
 log = logging.getLogger("asyncinfer.openai.finalize")
 

@@ -34,7 +34,7 @@ from asyncinfer.core.errors import (
     UnsupportedMediaType,
 )
 from asyncinfer.core.settings import get_settings
-from asyncinfer.inputs import check_input_url, upload_prefix
+from asyncinfer.jobs.inputs import check_input_url, upload_prefix
 from asyncinfer.openai_api import limits, multipart
 from asyncinfer.openai_api.files import FileObject, FileStore
 from asyncinfer.openai_api.limits import (

@@ -206,6 +206,6 @@ def waker_for(settings: Settings | ScalingSettings) -> Waker | None:
 
 
 def wake_on_submit(settings: Settings | ScalingSettings, model: str) -> str:
-    """Called by :meth:`asyncinfer.jobs.JobService.submit` after a job is queued."""
+    """Called by :meth:`asyncinfer.jobs.service.JobService.submit` after a job is queued."""
     waker = waker_for(settings)
     return waker.wake(model) if waker is not None else UNMANAGED

@@ -48,7 +48,7 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 #: How long the submit-time check waits for a name to resolve, seconds; a name not resolved by
 #: then is accepted, as one that does not resolve (it is checked again at send).
 SUBMIT_RESOLVE_SECONDS = 2.0
-#: Longest webhook URL, characters (the queue message limit in :mod:`asyncinfer.messages`).
+#: Longest webhook URL, characters (the queue message limit in :mod:`asyncinfer.jobs.messages`).
 MAX_URL_CHARS = 2048
 #: Ports below this are refused, 443 excepted (outside the local stack).
 FIRST_UNPRIVILEGED_PORT = 1024

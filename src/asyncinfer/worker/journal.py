@@ -14,13 +14,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import TransitionRefused
-from asyncinfer.events import EventPublisher
-from asyncinfer.store import JobStore, Transition
+from asyncinfer.jobs import outbox, transitions
+from asyncinfer.jobs.events import EventPublisher
+from asyncinfer.jobs.store import JobStore, Transition
 from asyncinfer.worker.held import HeldMessages
 from asyncinfer.worker.inflight import Held
 
@@ -80,6 +81,9 @@ class Journal:
         #: Buffered events, each with the message to delete once it is out (or ``None``).
         self.events: list[Entry] = []
         self._retry_after = 0.0  # after a failed publish, no new try before this (monotonic)
+        #: Outbox keys of the ``job.started`` events published, by job id: the job's terminal
+        #: write removes them (asyncinfer.jobs.outbox), so a start costs no extra request.
+        self.started_out: dict[str, tuple[str, ...]] = {}
 
     # ------------------------------------------------------------------ queueing
     def add(self, finished: Finished) -> None:
@@ -117,8 +121,12 @@ class Journal:
         """Write the pending terminal records and ``starts`` (called under the lock): the
         batched ones in TransactWriteItems calls, the others alone; queue the events of the
         written ones and their messages' deletion. Returns the outcomes of ``starts``
-        (:meth:`~asyncinfer.store.JobStore.transition_many`)."""
+        (:meth:`~asyncinfer.jobs.store.JobStore.transition_many`)."""
         pending, self.pending = self.pending, []
+        for f in pending:
+            out = self.started_out.pop(f.transition.job_id, ())
+            if out and not f.transition.outboxed:
+                f.transition = replace(f.transition, clears=out)
         batched = [f for f in pending if not f.alone]
         for f in pending:
             if f.alone:
@@ -146,7 +154,7 @@ class Journal:
 
         * terminal, or gone: the job needs no message; it is deleted;
         * ``queued`` at this attempt: taken back after this worker's lease lapsed
-          (:mod:`asyncinfer.leases`) and no other attempt started; the next one needs the
+          (:mod:`asyncinfer.jobs.leases`) and no other attempt started; the next one needs the
           message, released now;
         * anything else (``running`` or ``queued`` under a newer attempt): another worker
           received the message again while this one was stalled (its visibility lapsed too), and
@@ -229,9 +237,19 @@ class Journal:
                 self.events[:0] = kept  # ahead of what came meanwhile: each job's order holds
             else:
                 self._retry_after = 0.0
-            for _, held in out:
+            for record, held in out:
+                self._published(record)
                 if held is not None:
                     self.held.delete_later(held)
+
+    def _published(self, record: dict[str, Any]) -> None:
+        """After ``record``'s event is out: a ``job.started`` key is left for the job's terminal
+        write to clear (the worker's publisher defers those: ``EventPublisher.defer_started``);
+        the publisher cleared any other event's keys itself."""
+        if record["status"] == lifecycle.RUNNING:
+            keys = outbox.pending_keys(record, lifecycle.EVENT_FOR_STATUS[lifecycle.RUNNING])
+            if keys:
+                self.started_out[record["job_id"]] = tuple(keys)
 
     def _publish_one_by_one(self, events: list[Entry]) -> tuple[list[Entry], list[Entry]]:
         """Publish ``events`` one at a time: ``(published, kept)``. After a job's event fails,
@@ -257,15 +275,14 @@ class Journal:
         """``running -> queued`` at this attempt, publish ``job.queued``, then make the message
         visible after ``delay`` seconds."""
         self.flush()  # keep each job's events in order
+        self.started_out.pop(job_id, None)
         try:
-            back = self.store.transition(
-                job_id,
-                from_status=lifecycle.RUNNING,
-                to_status=lifecycle.QUEUED,
-                attempts=attempts,
-                remove_fields=("started_at", "progress_tokens", "output"),
-            )
-            self.publisher.publish(back)
+            back = self.store.apply(transitions.requeue(job_id, attempts))
         except TransitionRefused as exc:
             log.warning("%s", exc)
+        else:
+            try:
+                self.publisher.publish(back)
+            except Exception:  # it stays in the record's outbox; the sweeper publishes it
+                log.exception("job.queued of %s not published", job_id)
         self.held.release([held], delay=delay)

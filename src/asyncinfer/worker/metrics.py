@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncinfer.core import job_metrics as jm
-from asyncinfer.jobview import render_job
+from asyncinfer.jobs.view import render_job
 
 #: job view ``metrics`` key -> job metric name.
 VIEW_METRICS: tuple[tuple[str, str], ...] = (

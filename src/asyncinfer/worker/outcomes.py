@@ -16,7 +16,7 @@ from asyncinfer.aws.payloads import dumps
 from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import JobCancelled, JobError, WorkerStopping
 from asyncinfer.core.settings import INLINE_OUTPUT_LIMIT_BYTES
-from asyncinfer.store import Transition
+from asyncinfer.jobs.transitions import Transition
 
 #: Longest a retryable failure waits before its message is visible again, seconds.
 MAX_RETRY_DELAY_SECONDS = 300
@@ -162,6 +162,9 @@ def decide(
         attempts=attempts,
         set_fields=fields,
         remove_fields=tuple(remove),
+        # Not through the outbox: the message is kept until the event is out, and a redelivery
+        # publishes it again (asyncinfer.worker.journal).
+        outboxed=False,
     )
     # Written alone when the worker cannot know the record it leaves: the webhook dispatcher
     # may have written it, or a progress write may have left a count there.

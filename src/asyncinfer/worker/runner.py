@@ -10,7 +10,7 @@ Per job:
 1. parse each message; a job whose TTL passed while queued for its first attempt becomes
    ``expired`` (one that started before goes on to step 2: leases, issue 14);
 2. ``queued -> running`` (attempts + 1, and the job's lease, which the watcher's heartbeat renews;
-   :mod:`asyncinfer.leases`), a conditional write; a cancelled or finished job is
+   :mod:`asyncinfer.jobs.leases`), a conditional write; a cancelled or finished job is
    skipped, a job found ``running`` (its last worker was lost: the message became visible again)
    goes ``running -> queued -> running`` so the lost worker's late writes are refused;
 3. publish ``job.started``; read the input (inline or S3) and validate it;
@@ -29,12 +29,12 @@ batch, where a finished job's slot goes to the next job at once, that is one wri
 publish for both. Every item of the transaction keeps its own condition (status, attempt), so a
 late or duplicate write is refused as it is alone; when DynamoDB cancels the transaction, the
 refused items are handled one by one as before (a refused start goes through step 2 alone) and
-the others are written again (:meth:`~asyncinfer.store.JobStore.transition_many`). A
+the others are written again (:meth:`~asyncinfer.jobs.store.JobStore.transition_many`). A
 TransactWriteItems call returns no items, so the worker knows each record from what it wrote:
 
 * a start goes into the transaction only on the message's first delivery, conditional on
   ``queued`` at attempt 0, and only when the message carries the record's other attributes
-  (``created_at``, ``metadata``, ``webhook``; :mod:`asyncinfer.messages`); anything else (a
+  (``created_at``, ``metadata``, ``webhook``; :mod:`asyncinfer.jobs.messages`); anything else (a
   redelivery, an older message) is marked alone with UpdateItem and its returned record;
 * a job whose webhook takes ``job.queued`` or ``job.started`` events is written alone throughout,
   since the webhook dispatcher writes delivery state on its record while it waits and runs; so is
@@ -82,10 +82,10 @@ from asyncinfer.aws import clients
 from asyncinfer.aws.payloads import PayloadStore
 from asyncinfer.core.settings import Settings
 from asyncinfer.core.timeutil import iso, now
-from asyncinfer.events import EventPublisher
+from asyncinfer.jobs.events import EventPublisher
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.models.base import ModelHandler, Result, WorkItem
 from asyncinfer.models.registry import MODELS, ModelSpec
-from asyncinfer.store import JobStore
 from asyncinfer.worker import outcomes
 from asyncinfer.worker.held import HeldMessages
 from asyncinfer.worker.inflight import Held
@@ -139,7 +139,8 @@ class Worker:
         )
         self.store = store or JobStore(settings)
         self.payloads = PayloadStore(settings)
-        self.publisher = events or EventPublisher(settings, self.payloads)
+        # job.started keys are cleared by the terminal write, not by a request per start.
+        self.publisher = events or EventPublisher(settings, self.payloads, defer_started=True)
         self.stop_event = threading.Event()  # stop polling
         self.interrupt = threading.Event()  # stop running jobs (drain deadline passed)
         self.protection = ScaleInProtection(settings.ecs_agent_uri, settings.busy_file)

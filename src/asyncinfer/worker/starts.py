@@ -26,11 +26,12 @@ from asyncinfer.aws.payloads import PayloadStore
 from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import InvalidInput, JobError, TransitionRefused
 from asyncinfer.core.timeutil import iso, now, parse
-from asyncinfer.events import EventPublisher
-from asyncinfer.messages import JobMessage
+from asyncinfer.jobs import transitions
+from asyncinfer.jobs.events import EventPublisher
+from asyncinfer.jobs.messages import JobMessage
+from asyncinfer.jobs.store import JobStore, Transition
 from asyncinfer.models.base import WorkItem
 from asyncinfer.models.registry import ModelSpec
-from asyncinfer.store import JobStore, Transition
 from asyncinfer.worker.held import HeldMessages
 from asyncinfer.worker.inflight import Held
 from asyncinfer.worker.journal import Journal
@@ -38,23 +39,19 @@ from asyncinfer.worker.outcomes import quiet_webhook
 
 log = logging.getLogger("asyncinfer.worker")
 
-#: What a start removes: a lost attempt's leftovers.
-START_REMOVES = ("completed_at", "progress_tokens", "output")
 #: Terminal statuses a worker writes, whose event a redelivery publishes again.
 REPUBLISHED = (lifecycle.SUCCEEDED, lifecycle.FAILED, lifecycle.CANCELLED)
 
 
-def start_transition(job_id: str, *, attempts: int | None, started_at: str) -> Transition:
-    """``queued -> running`` with attempts + 1 and ``started_at``; ``attempts`` is the
-    condition on the queued record's count (``None``: any)."""
-    return Transition(
-        job_id,
-        from_status=lifecycle.QUEUED,
-        to_status=lifecycle.RUNNING,
-        attempts=attempts,
-        increment_attempts=True,
-        set_fields={"started_at": started_at},
-        remove_fields=START_REMOVES,
+def start_transition(
+    job_id: str, *, attempts: int | None, started_at: str, message_id: str | None = None
+) -> Transition:
+    """``queued -> running`` with attempts + 1, ``started_at`` and the ``message_id`` the attempt
+    starts from; ``attempts`` is the condition on the queued record's count (``None``: any). The
+    batched and the lone start are this one transition (:func:`asyncinfer.jobs.transitions.start`,
+    which the SageMaker bridge uses too)."""
+    return transitions.start(
+        job_id, attempts=attempts, started_at=started_at, message_id=message_id
     )
 
 
@@ -128,7 +125,9 @@ class Starter:
                 and job_id not in running
             ):
                 pending_ids.add(job_id)
-                start = start_transition(job_id, attempts=0, started_at=iso(now()))
+                start = start_transition(
+                    job_id, attempts=0, started_at=iso(now()), message_id=h.message_id
+                )
                 batched.append((h, msg, start))
             else:
                 alone.append((h, msg))
@@ -285,7 +284,11 @@ class Starter:
                 at = iso(now())
                 mine.add(at)
                 try:
-                    return self.store.apply(start_transition(job_id, attempts=None, started_at=at))
+                    return self.store.apply(
+                        start_transition(
+                            job_id, attempts=None, started_at=at, message_id=held.message_id
+                        )
+                    )
                 except TransitionRefused as e:
                     exc = e
             cur = exc.current
@@ -310,21 +313,19 @@ class Starter:
             # held it is gone. Put the job back so that its late writes are refused.
             log.warning("job %s: previous attempt %s was lost", job_id, cur.get("attempts"))
             try:
-                back = self.store.transition(
-                    job_id,
-                    from_status=lifecycle.RUNNING,
-                    to_status=lifecycle.QUEUED,
-                    attempts=cur.get("attempts"),
-                )
-                self.publisher.publish(back)
+                back = self.store.apply(transitions.requeue(job_id, int(cur.get("attempts") or 0)))
             except TransitionRefused:
-                pass
+                continue
+            try:
+                self.publisher.publish(back)
+            except Exception:  # it stays in the record's outbox; the sweeper publishes it
+                log.exception("job.queued of %s not published", job_id)
         return None
 
 
 def queued_record(msg: JobMessage) -> dict[str, Any]:
     """The record of a job waiting for its first attempt, from its message (which carries every
-    attribute the job object shows; :mod:`asyncinfer.messages`)."""
+    attribute the job object shows; :mod:`asyncinfer.jobs.messages`)."""
     record: dict[str, Any] = {
         "job_id": msg.job_id,
         "tenant": msg.tenant,

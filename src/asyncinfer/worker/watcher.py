@@ -24,7 +24,7 @@ from typing import Any
 
 from asyncinfer.aws.payloads import dumps
 from asyncinfer.core import lifecycle
-from asyncinfer.store import JobStore
+from asyncinfer.jobs.store import JobStore
 from asyncinfer.worker.held import HeldMessages
 from asyncinfer.worker.inflight import Held
 from asyncinfer.worker.journal import Journal
@@ -95,7 +95,7 @@ class Watcher:
 
     def renew_leases(self, held: list[Held]) -> None:
         """Move on the lease of the running jobs among ``held`` (:meth:`JobStore.renew_leases`,
-        :mod:`asyncinfer.leases`). A refused renewal means the job is no longer this worker's
+        :mod:`asyncinfer.jobs.leases`). A refused renewal means the job is no longer this worker's
         (the sweeper took it back after its lease lapsed): it is stopped like a cancelled one,
         and its refused terminal write releases its message (:meth:`Journal._finished`)."""
         running = [h for h in held if h.job_id and h.attempts is not None and not h.finished]

@@ -37,7 +37,6 @@ from asyncinfer.core.errors import (
 )
 from asyncinfer.core.observability import instrument, powertools, single
 from asyncinfer.core.settings import get_settings
-from asyncinfer.cursors import CURSOR_PATTERN
 from asyncinfer.functions.api import doc
 from asyncinfer.functions.api.body import body_error, normalise
 from asyncinfer.functions.api.schemas import (
@@ -51,8 +50,9 @@ from asyncinfer.functions.api.schemas import (
     ModelList,
     UploadView,
 )
-from asyncinfer.inputs import UPLOAD_URL_SECONDS, new_upload
-from asyncinfer.jobs import JobService
+from asyncinfer.jobs.cursors import CURSOR_PATTERN
+from asyncinfer.jobs.inputs import UPLOAD_URL_SECONDS, new_upload
+from asyncinfer.jobs.service import JobService
 from asyncinfer.openai_api import app as openai_app
 from asyncinfer.openai_api.auth import is_openai_path
 from asyncinfer.webhooks.secrets import SecretStore, WebhookSecretView
@@ -208,7 +208,7 @@ def get_job(
 ) -> JobView:
     """The job object; ``?wait=N`` (0..20 s) holds until the job is terminal or N s pass. A
     tenant may hold at most ``ASYNCINFER_MAX_WAITS_PER_TENANT`` waits at once; one more is 429
-    ``rate_limited`` with ``Retry-After``, at once (:mod:`asyncinfer.waits`)."""
+    ``rate_limited`` with ``Retry-After``, at once (:mod:`asyncinfer.jobs.waits`)."""
     logger.set_correlation_id(job_id)
     return JobView.model_validate(service().get(tenant(), job_id, wait=wait))
 

@@ -26,7 +26,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from asyncinfer.core.errors import Conflict, InvalidRequest
-from asyncinfer.store import JobStore
+from asyncinfer.jobs.store import JobStore
 
 #: How long a done idempotency key maps to its job (spec: 24 h), seconds.
 IDEMPOTENCY_SECONDS = 24 * 3600

@@ -30,11 +30,11 @@ from typing import Any
 from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.core.settings import Settings
-from asyncinfer.core.timeutil import iso, now
-from asyncinfer.store import LEASE_FIELD, JobStore, Transition
+from asyncinfer.jobs.record import LEASE_FIELD
+from asyncinfer.jobs.store import JobStore
+from asyncinfer.jobs.transitions import takeover
 
-#: What a takeover removes: the lost attempt's leftovers (as a worker's own requeue does).
-_LOST_ATTEMPT_REMOVES = ("started_at", "progress_tokens", "output", "inference_id")
+__all__ = ["lease_lapsed", "take_back", "takeover"]
 
 
 def lease_lapsed(record: dict[str, Any], now_epoch: int) -> bool:
@@ -45,53 +45,6 @@ def lease_lapsed(record: dict[str, Any], now_epoch: int) -> bool:
         return False
     lease = record.get(LEASE_FIELD)
     return lease is None or int(lease) < now_epoch
-
-
-def takeover(record: dict[str, Any], now_epoch: int, max_attempts: int) -> Transition:
-    """The transition that takes back ``record`` (a running job whose lease lapsed before
-    ``now_epoch``): to ``cancelled``, ``failed`` (``max_attempts``) or ``queued``, see the module
-    docstring. Pure: the caller applies it."""
-    attempts = int(record.get("attempts") or 0)
-    lapsed = now_epoch if record.get(LEASE_FIELD) is not None else None
-    common: dict[str, Any] = {
-        "from_status": lifecycle.RUNNING,
-        "attempts": attempts,
-        "lease_lapsed_before": lapsed,
-    }
-    if record.get("cancel_requested"):
-        return Transition(
-            record["job_id"],
-            to_status=lifecycle.CANCELLED,
-            set_fields={
-                "completed_at": iso(now()),
-                "error": {
-                    "code": "cancelled",
-                    "message": "cancelled by the client; its worker was lost",
-                },
-            },
-            remove_fields=("output",),
-            **common,
-        )
-    if attempts >= max_attempts:
-        return Transition(
-            record["job_id"],
-            to_status=lifecycle.FAILED,
-            set_fields={
-                "completed_at": iso(now()),
-                "error": {
-                    "code": "max_attempts",
-                    "message": f"the job's worker was lost on every attempt ({attempts})",
-                },
-            },
-            remove_fields=("output", "progress_tokens"),
-            **common,
-        )
-    return Transition(
-        record["job_id"],
-        to_status=lifecycle.QUEUED,
-        remove_fields=_LOST_ATTEMPT_REMOVES,
-        **common,
-    )
 
 
 def take_back(

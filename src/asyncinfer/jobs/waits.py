@@ -37,7 +37,7 @@ from botocore.exceptions import ClientError
 
 from asyncinfer.core.errors import RateLimited
 
-log = logging.getLogger("asyncinfer.waits")
+log = logging.getLogger("asyncinfer.jobs.waits")
 
 #: Seconds a wait's slot outlives the wait itself: the rest of the request (the read, the
 #: response) and the clock skew between Lambdas. A slot whose Lambda died is free after

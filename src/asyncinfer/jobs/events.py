@@ -7,7 +7,7 @@ Body: ``{"type": "job.succeeded", "timestamp": "...", "data": <job object>}``; m
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncinfer.aws import clients
 from asyncinfer.aws.payloads import PayloadStore
@@ -15,7 +15,11 @@ from asyncinfer.core import lifecycle
 from asyncinfer.core.chunks import chunked
 from asyncinfer.core.settings import Settings
 from asyncinfer.core.timeutil import iso, now
-from asyncinfer.jobview import render_job
+from asyncinfer.jobs import outbox
+from asyncinfer.jobs.view import render_job
+
+if TYPE_CHECKING:
+    from asyncinfer.jobs.store import JobStore
 
 
 def event_for(record: dict[str, Any], payloads: PayloadStore | None = None) -> dict[str, Any]:
@@ -28,12 +32,44 @@ def event_for(record: dict[str, Any], payloads: PayloadStore | None = None) -> d
 
 
 class EventPublisher:
-    """Publishes one event per job transition to the topic of ``settings``."""
+    """Publishes one event per job transition to the topic of ``settings``, and removes each
+    published event from its record's outbox (:mod:`asyncinfer.jobs.outbox`; ``store``: the job
+    table, made from ``settings`` when first needed)."""
 
-    def __init__(self, settings: Settings, payloads: PayloadStore | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        payloads: PayloadStore | None = None,
+        store: JobStore | None = None,
+        *,
+        defer_started: bool = False,
+    ) -> None:
         self.settings = settings
         self.sns = clients.client("sns", settings)
         self.payloads = payloads or PayloadStore(settings)
+        self._store = store
+        #: Leave ``job.started`` keys in the outbox after publishing them: the worker's terminal
+        #: write of the attempt removes them (:class:`~asyncinfer.worker.journal.Journal`).
+        self.defer_started = defer_started
+
+    @property
+    def store(self) -> JobStore:
+        """The job table whose outboxes the publisher clears."""
+        if self._store is None:
+            from asyncinfer.jobs.store import JobStore
+
+            self._store = JobStore(self.settings)
+        return self._store
+
+    def _cleared(self, record: dict[str, Any], keys: list[str] | None = None) -> None:
+        """After a publish: remove the event's keys (``keys``, else those of the record's
+        status) from the record's outbox. Never raises."""
+        if keys is None:
+            if self.defer_started and record["status"] == lifecycle.RUNNING:
+                return
+            keys = outbox.pending_keys(record, lifecycle.EVENT_FOR_STATUS[record["status"]])
+        if keys:
+            outbox.clear(self.store, record["job_id"], keys)
 
     def _entry(self, record: dict[str, Any]) -> dict[str, Any]:
         event = event_for(record, self.payloads)
@@ -50,19 +86,25 @@ class EventPublisher:
             },
         }
 
-    def publish(self, record: dict[str, Any]) -> None:
-        """Publish the event of ``record``'s current status."""
+    def publish(self, record: dict[str, Any], *, keys: list[str] | None = None) -> None:
+        """Publish the event of ``record``'s current status, then clear it from the record's
+        outbox (``keys``: the outbox keys it stands for; default: the record's pending keys of
+        that event type). Raises what SNS raises (the event then stays pending)."""
         self.sns.publish(TopicArn=self.settings.topic_arn, **self._entry(record))
+        self._cleared(record, keys)
 
     def publish_many(self, records: list[dict[str, Any]]) -> None:
         """Publish the events of ``records`` with PublishBatch: up to 10 entries and 256 KiB a
-        call (SNS API reference, "PublishBatch"). Raises if SNS refuses any entry."""
+        call (SNS API reference, "PublishBatch"), then remove them from their records'
+        outboxes. Raises if SNS refuses any entry (nothing is cleared then)."""
         entries = [self._entry(r) for r in records]
         sizes = [_entry_size(e) for e in entries]
         for batch in chunked(
             entries, sizes, max_items=PUBLISH_BATCH_MAX, max_bytes=PUBLISH_BATCH_BYTES
         ):
             self._publish_batch(batch)
+        for record in records:
+            self._cleared(record)
 
     def _publish_batch(self, batch: list[dict[str, Any]]) -> None:
         if len(batch) == 1:

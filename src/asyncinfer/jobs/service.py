@@ -24,16 +24,25 @@ from asyncinfer.core.errors import (
 from asyncinfer.core.ids import is_job_id, new_job_id
 from asyncinfer.core.settings import Settings
 from asyncinfer.core.timeutil import iso, now, parse
-from asyncinfer.events import EventPublisher
 from asyncinfer.functions.api.schemas import JobRequest
-from asyncinfer.idempotency import IDEMPOTENCY_SECONDS, IdempotencyKeys, body_hash
-from asyncinfer.inputs import check_inline_input, check_input_url
-from asyncinfer.jobview import render_job
-from asyncinfer.messages import MAX_MESSAGE_BYTES, JobMessage
+from asyncinfer.jobs import transitions
+from asyncinfer.jobs.events import EventPublisher
+from asyncinfer.jobs.idempotency import IDEMPOTENCY_SECONDS, IdempotencyKeys, body_hash
+from asyncinfer.jobs.inputs import check_inline_input, check_input_url
+from asyncinfer.jobs.messages import MAX_MESSAGE_BYTES, JobMessage
+from asyncinfer.jobs.record import (
+    OUTBOX_FIELD,
+    OUTBOX_MARK,
+    OUTBOX_MARK_FIELD,
+    OUTBOX_SINCE_FIELD,
+    QUEUED_MARK,
+    event_key,
+)
+from asyncinfer.jobs.store import JobStore
+from asyncinfer.jobs.view import render_job
+from asyncinfer.jobs.waits import WaitSlots
 from asyncinfer.models.registry import MODELS, get_spec, validate_input
 from asyncinfer.scaling.wake import wake_on_submit
-from asyncinfer.store import QUEUED_MARK, JobStore
-from asyncinfer.waits import WaitSlots
 from asyncinfer.webhooks.urls import check_url
 
 __all__ = ["IDEMPOTENCY_SECONDS", "JobService"]
@@ -71,7 +80,7 @@ class JobService:
         record and the worker drops it), the S3 copy of the input too, and the idempotency key
         is given back. One that dies part way (a Lambda timeout) leaves at most a record whose
         ``expires_epoch`` is ``submit_lease_seconds`` away, which the expiry sweeper ends, and
-        a key claim whose lease runs out (:mod:`asyncinfer.idempotency`).
+        a key claim whose lease runs out (:mod:`asyncinfer.jobs.idempotency`).
 
         Returns ``(job object, created)``; ``created`` is False when an idempotency key returned
         an existing job.
@@ -129,18 +138,29 @@ class JobService:
             raise
         # The job is accepted and will run: a failure from here on is logged, never a 500 (the
         # client would submit the job twice). A claim left undone still returns this job: its
-        # record shows the submit finished (asyncinfer.idempotency).
+        # record shows the submit finished (asyncinfer.jobs.idempotency).
         if idempotency_key is not None:
             try:
                 self.keys.complete(tenant, idempotency_key, job_id)
             except Exception:
                 log.exception("could not mark the idempotency key of %s done", job_id)
+        self._publish(record)
+        wake_on_submit(self.settings, req.model)  # 0 -> 1 at once; cached, never raises
+        return render_job(record, self.payloads), True
+
+    def _publish(self, record: dict[str, Any]) -> None:
+        """Publish the event of a transition this service wrote. A failure is logged, never
+        raised (the write is done; a 500 would make the client retry what succeeded): the event
+        stays in the record's outbox and the sweeper publishes it
+        (:mod:`asyncinfer.jobs.outbox`)."""
         try:
             self.events.publish(record)
         except Exception:
-            log.exception("job.queued of %s was not published", job_id)
-        wake_on_submit(self.settings, req.model)  # 0 -> 1 at once; cached, never raises
-        return render_job(record, self.payloads), True
+            log.exception(
+                "%s of %s not published; left in its outbox",
+                lifecycle.EVENT_FOR_STATUS[record["status"]],
+                record["job_id"],
+            )
 
     def _build(
         self, tenant: str, req: JobRequest, job_id: str
@@ -163,6 +183,10 @@ class JobService:
             "ttl": int(created.timestamp()) + self.settings.record_retention_seconds,
             "expires_epoch": int(expires.timestamp()),
             "queued_mark": QUEUED_MARK,
+            # job.queued waits in the outbox until it is out (asyncinfer.jobs.outbox).
+            OUTBOX_FIELD: {event_key(lifecycle.QUEUED, 0)},
+            OUTBOX_MARK_FIELD: OUTBOX_MARK,
+            OUTBOX_SINCE_FIELD: int(created.timestamp()),
         }
         message = JobMessage(
             job_id=job_id,
@@ -181,7 +205,7 @@ class JobService:
         self, record: dict[str, Any], body: bytes | None, text: str, queue_url: str, group: str
     ) -> None:
         """S3 copy of the input (if the message does not carry it), record, message (in the
-        tenant's message group ``group``: fair queues, :mod:`asyncinfer.messages`), in that
+        tenant's message group ``group``: fair queues, :mod:`asyncinfer.jobs.messages`), in that
         order; on any failure, what was written is taken back and :class:`InternalError`
         raised."""
         job_id, tenant = record["job_id"], record["tenant"]
@@ -236,13 +260,13 @@ class JobService:
         expired = self.store.expire(record["job_id"])
         if expired is None:  # it moved on meanwhile: read it as it is now
             return self.store.get(record["job_id"]) or record
-        self.events.publish(expired)
+        self._publish(expired)
         return expired
 
     def get(self, tenant: str, job_id: str, *, wait: float = 0.0) -> dict[str, Any]:
         """The job object; with ``wait`` > 0 (seconds, at most 20), hold until the job is
         terminal or ``wait`` seconds pass. A wait on a job not yet terminal holds one of the
-        tenant's wait slots (:mod:`asyncinfer.waits`) while it lasts.
+        tenant's wait slots (:mod:`asyncinfer.jobs.waits`) while it lasts.
 
         Raises:
             NotFound: no such job for this tenant (before any slot is taken).
@@ -287,19 +311,11 @@ class JobService:
                 raise Conflict(f"job {job_id} is already {status}")
             if status == lifecycle.QUEUED:
                 try:
-                    record = self.store.transition(
-                        job_id,
-                        from_status=lifecycle.QUEUED,
-                        to_status=lifecycle.CANCELLED,
-                        set_fields={
-                            "completed_at": iso(now()),
-                            "error": {"code": "cancelled", "message": "cancelled by the client"},
-                        },
-                    )
+                    record = self.store.apply(transitions.cancel_queued(job_id))
                 except TransitionRefused as exc:
                     record = exc.current or record
                     continue
-                self.events.publish(record)
+                self._publish(record)
                 return render_job(record, self.payloads)
             # running
             if self.store.update_fields(

@@ -1,0 +1,218 @@
+"""Job records in DynamoDB: the table client, reads and queries (:mod:`asyncinfer.jobs.record`
+holds the table design; :mod:`asyncinfer.jobs.transitions` the writes of a job's status, which
+:class:`JobStore` inherits, with the batched writes of :mod:`asyncinfer.jobs.transact`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from asyncinfer.aws import clients
+from asyncinfer.core import lifecycle
+from asyncinfer.core.errors import InvalidRequest  # noqa: F401  (raised by decode_cursor; documented)
+from asyncinfer.core.settings import Settings, get_settings
+from asyncinfer.jobs.cursors import decode_cursor, encode_cursor
+from asyncinfer.jobs.record import (
+    LEASE_FIELD,
+    QUEUED_INDEX,
+    QUEUED_MARK,
+    RUNNING_INDEX,
+    RUNNING_MARK,
+    TENANT_INDEX,
+    from_item,
+    to_item,
+)
+from asyncinfer.jobs.transact import BatchWriter
+from asyncinfer.jobs.transitions import Transition, TransitionOutcome
+
+__all__ = [
+    "LEASE_FIELD",
+    "QUEUED_INDEX",
+    "QUEUED_MARK",
+    "RUNNING_INDEX",
+    "RUNNING_MARK",
+    "TENANT_INDEX",
+    "JobStore",
+    "Transition",
+    "TransitionOutcome",
+]
+
+
+class JobStore(BatchWriter):
+    """Reads and conditional writes of job records. Thread-safe (boto3 clients are)."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or get_settings()
+        self.table = self.settings.table_name
+        self.ddb = clients.client("dynamodb", self.settings)
+
+    # ------------------------------------------------------------------ create and read
+    def create(self, record: dict[str, Any]) -> None:
+        """Put a new job record; fails if the id exists (``attribute_not_exists``)."""
+        self.ddb.put_item(
+            TableName=self.table,
+            Item=to_item(record),
+            ConditionExpression="attribute_not_exists(job_id)",
+        )
+
+    def confirm_submitted(self, job_id: str, expires_epoch: int) -> None:
+        """End the submit of ``job_id`` once its message is sent: ``expires_epoch`` (N) becomes
+        the job's TTL end and ``submitting_until`` is removed. Until then the record carries
+        ``submitting_until`` (N, epoch seconds) and, as ``expires_epoch``, that same time, so a
+        submit that died between the record and the message (a Lambda timeout) leaves a job
+        the expiry sweeper ends soon instead of one waiting ``queued`` for a message that never
+        comes. Not conditional on the status: a worker may have started the job already."""
+        self._update_item(
+            TableName=self.table,
+            Key={"job_id": {"S": job_id}},
+            UpdateExpression="SET expires_epoch = :e REMOVE submitting_until",
+            ConditionExpression="attribute_exists(job_id)",
+            ExpressionAttributeValues={":e": {"N": str(expires_epoch)}},
+        )
+
+    def discard_unsubmitted(self, job_id: str) -> bool:
+        """Delete the record of a submit that failed before its job was accepted (its message
+        could not be sent), if it is still ``queued`` at attempt 0. A message that was sent after
+        all finds no record, and the worker drops it. Returns whether the record is gone."""
+        try:
+            self.ddb.delete_item(
+                TableName=self.table,
+                Key={"job_id": {"S": job_id}},
+                ConditionExpression="#status = :q AND attempts = :zero",
+                ExpressionAttributeNames={"#status": "status"},
+                ExpressionAttributeValues={":q": {"S": lifecycle.QUEUED}, ":zero": {"N": "0"}},
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            return False
+        return True
+
+    def queued_past_expiry(self, now_epoch: int, limit: int = 100) -> list[str]:
+        """Ids of up to ``limit`` queued jobs whose ``expires_epoch`` is at or before
+        ``now_epoch`` (the queued-expiry GSI; eventually consistent, so callers re-check with a
+        conditional write)."""
+        resp = self.ddb.query(
+            TableName=self.table,
+            IndexName=QUEUED_INDEX,
+            KeyConditionExpression="queued_mark = :m AND expires_epoch <= :now",
+            ExpressionAttributeValues={":m": {"S": QUEUED_MARK}, ":now": {"N": str(now_epoch)}},
+            Limit=limit,
+        )
+        return [item["job_id"]["S"] for item in resp.get("Items", [])]
+
+    def running_past_lease(self, now_epoch: int, limit: int = 100) -> list[str]:
+        """Ids of up to ``limit`` running jobs whose ``lease_expires_epoch`` is before
+        ``now_epoch`` (epoch seconds), oldest lease first (the running-lease GSI; eventually
+        consistent, so callers re-check with a conditional write)."""
+        resp = self.ddb.query(
+            TableName=self.table,
+            IndexName=RUNNING_INDEX,
+            KeyConditionExpression="running_mark = :m AND lease_expires_epoch < :now",
+            ExpressionAttributeValues={":m": {"S": RUNNING_MARK}, ":now": {"N": str(now_epoch)}},
+            Limit=limit,
+        )
+        return [item["job_id"]["S"] for item in resp.get("Items", [])]
+
+    def get(self, job_id: str, *, consistent: bool = True) -> dict[str, Any] | None:
+        """The record of ``job_id``, or ``None``."""
+        resp = self.ddb.get_item(
+            TableName=self.table, Key={"job_id": {"S": job_id}}, ConsistentRead=consistent
+        )
+        item = resp.get("Item")
+        return from_item(item) if item else None
+
+    def get_many(self, job_ids: Iterable[str], attributes: Iterable[str] = ()) -> dict[str, dict]:
+        """Records of ``job_ids`` by id (missing ones absent); BatchGetItem, 100 keys a call.
+        ``attributes`` limits what is read (a ProjectionExpression)."""
+        ids = list(dict.fromkeys(job_ids))
+        out: dict[str, dict] = {}
+        attrs = list(attributes)
+        for i in range(0, len(ids), 100):
+            req: dict[str, Any] = {"Keys": [{"job_id": {"S": j}} for j in ids[i : i + 100]]}
+            if attrs:
+                names = {f"#a{n}": a for n, a in enumerate({"job_id", *attrs})}
+                req["ProjectionExpression"] = ", ".join(names)
+                req["ExpressionAttributeNames"] = names
+            pending: dict[str, Any] = {self.table: req}
+            while pending:
+                resp = self.ddb.batch_get_item(RequestItems=pending)
+                items: list[dict[str, Any]] = resp.get("Responses", {}).get(self.table, [])
+                for item in items:
+                    rec = from_item(item)
+                    out[rec["job_id"]] = rec
+                pending = resp.get("UnprocessedKeys") or {}
+        return out
+
+    def list_for_tenant(
+        self,
+        tenant: str,
+        *,
+        limit: int,
+        cursor: str | None = None,
+        status: str | None = None,
+        model: str | None = None,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """A page of ``tenant``'s jobs, newest first, optionally filtered by status and model.
+
+        Returns ``(records, next_cursor)``; ``next_cursor`` is opaque
+        (:mod:`asyncinfer.jobs.cursors`) and ``None`` on the last page. DynamoDB applies filters
+        after it reads (Developer Guide,
+        "Filter expressions for the Query operation"), so a filter that matches few jobs would
+        read the tenant's whole history in one request: the reads stop after
+        :data:`LIST_MAX_QUERIES` Query calls or :data:`LIST_TIME_BUDGET_SECONDS`, whichever
+        comes first, and the page then holds fewer than ``limit`` records (even none) with a
+        ``next_cursor`` where the reads stopped. Raises :class:`InvalidRequest` (field
+        ``cursor``) for a cursor this service did not issue to ``tenant``.
+        """
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": TENANT_INDEX,
+            "KeyConditionExpression": "tenant = :t",
+            "ExpressionAttributeValues": {":t": {"S": tenant}},
+            "ScanIndexForward": False,
+        }
+        filters, names = [], {}
+        if status:
+            filters.append("#status = :s")
+            names["#status"] = "status"
+            kwargs["ExpressionAttributeValues"][":s"] = {"S": status}
+        if model:
+            filters.append("#model = :m")
+            names["#model"] = "model"
+            kwargs["ExpressionAttributeValues"][":m"] = {"S": model}
+        if filters:
+            kwargs["FilterExpression"] = " AND ".join(filters)
+            kwargs["ExpressionAttributeNames"] = names
+        # An empty cursor (``?cursor=``) is no cursor: the first page, as before.
+        start = decode_cursor(cursor, tenant) if cursor else None
+        records: list[dict[str, Any]] = []
+        deadline = time.monotonic() + LIST_TIME_BUDGET_SECONDS
+        for _ in range(LIST_MAX_QUERIES):
+            # Filters apply after Limit: read whole pages of keys while filtering.
+            kwargs["Limit"] = limit - len(records) if not filters else LIST_FILTERED_READ
+            if start:
+                kwargs["ExclusiveStartKey"] = start
+            resp = self.ddb.query(**kwargs)
+            items = resp.get("Items", [])
+            start = resp.get("LastEvaluatedKey")
+            for idx, item in enumerate(items):
+                records.append(from_item(item))
+                if len(records) == limit:
+                    more = idx < len(items) - 1 or start is not None
+                    return records, encode_cursor(item) if more else None
+            if not start or time.monotonic() >= deadline:
+                break
+        return records, encode_cursor(start) if start else None
+
+
+#: :meth:`JobStore.list_for_tenant`: most Query calls one request makes ...
+LIST_MAX_QUERIES = 4
+#: ... and the seconds after which it makes no more (the API Lambda's timeout is 29 s).
+LIST_TIME_BUDGET_SECONDS = 2.0
+#: Items a filtered Query reads at a time (Limit counts items read, not items matched).
+LIST_FILTERED_READ = 100
