@@ -121,6 +121,9 @@ class Settings(BaseModel):
     max_batch_size: int = 0
     max_wait_ms: float = 50.0
     token_budget: int = 32768
+    #: The engine an ``openai-server`` worker feeds when its entry has ``engine.image`` (the
+    #: engine container of the same task; ``ASYNCINFER_ENGINE_URL``). An ``engine.url`` wins.
+    engine_url: str = "http://127.0.0.1:8000"
     echo_batching: bool = True
     local_mode: bool = False
     #: Test-only: the local stack's emulator answers injected SNS/S3 faults
@@ -215,6 +218,7 @@ class Settings(BaseModel):
         take("ASYNCINFER_MAX_BATCH_SIZE", "max_batch_size", int)
         take("ASYNCINFER_MAX_WAIT_MS", "max_wait_ms", float)
         take("ASYNCINFER_TOKEN_BUDGET", "token_budget", int)
+        take("ASYNCINFER_ENGINE_URL", "engine_url")
         take("ASYNCINFER_WEBHOOK_QUEUE_URL", "webhook_queue_url")
         take("ASYNCINFER_WEBHOOK_DLQ_URL", "webhook_dlq_url")
         take("ASYNCINFER_WEBHOOK_SECRETS_KEY", "webhook_secrets_key")
