@@ -22,7 +22,7 @@ from typing import Any
 from aws_cdk import Aws
 from aws_cdk import aws_iam as iam
 
-from asyncinfer.models.catalogue import Catalogue, ModelEntry
+from asyncinfer.models.catalogue import Catalogue, Engine, ModelEntry
 
 #: The context keys that override every entry's ``compute:`` when given explicitly.
 OVERRIDE_KEYS = (
@@ -47,6 +47,9 @@ class ModelCompute:
         min_workers / max_workers: scaling bounds, workers (tasks or endpoint instances).
         backlog_per_worker: target of the backlog-per-worker scaling policy, jobs.
         weight_prefixes: ``(bucket, key prefix)`` of each ``s3://`` source of the entry.
+        engine: an ``openai-server`` entry's ``engine`` block when it has an ``image`` (the
+            CDK app runs that engine beside the worker, :mod:`infra.components.engine`).
+        source: the entry's ``source`` (for such an engine: its weights).
     """
 
     backend: str
@@ -56,6 +59,8 @@ class ModelCompute:
     max_workers: int
     backlog_per_worker: float
     weight_prefixes: tuple[tuple[str, str], ...] = ()
+    engine: Engine | None = None
+    source: str | None = None
 
     @property
     def sagemaker_instance_type(self) -> str:
@@ -116,6 +121,10 @@ def resolve(
                 values["backlog_per_worker"],
             ),
             weight_prefixes=weight_prefixes(entry),
+            engine=entry.engine
+            if entry.kind == "openai-server" and entry.engine and entry.engine.image
+            else None,
+            source=entry.source,
         )
     return out
 

@@ -19,6 +19,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from asyncinfer import naming
+from infra.components.engine import ENGINE_PORT, add_engine
 from infra.components.function import METRICS_NAMESPACE
 from infra.components.model_scopes import ModelScopes
 from infra.model_compute import ModelCompute
@@ -192,19 +193,36 @@ class EcsWorkers(Construct):
             log_group = logs.LogGroup(
                 sc, f"{model}-logs", retention=log_retention, removal_policy=removal_policy
             )
-            task_def.add_container(
+            # An openai-server entry with engine.image: the GPUs go to the engine container
+            # beside the worker (infra.components.engine); the worker runs no model.
+            engine_beside = c.engine is not None
+            worker_env = {**environment, "AWS_REGION": Aws.REGION, "ASYNCINFER_COMPUTE": "ecs"}
+            if engine_beside:
+                worker_env["ASYNCINFER_ENGINE_URL"] = f"http://engine:{ENGINE_PORT}"
+            worker = task_def.add_container(
                 "worker",
                 image=ecs.ContainerImage.from_docker_image_asset(image),
                 command=["worker", "--model", model],
                 memory_reservation_mib=(
-                    memory_reservation_mib if c.gpus else CPU_MEMORY_RESERVATION_MIB
+                    memory_reservation_mib
+                    if c.gpus and not engine_beside
+                    else CPU_MEMORY_RESERVATION_MIB
                 ),
-                gpu_count=c.gpus or None,
+                gpu_count=(c.gpus or None) if not engine_beside else None,
                 stop_timeout=Duration.seconds(stop_timeout),
-                environment={**environment, "AWS_REGION": Aws.REGION, "ASYNCINFER_COMPUTE": "ecs"},
+                environment=worker_env,
                 logging=ecs.LogDrivers.aws_logs(stream_prefix=model, log_group=log_group),
                 essential=True,
             )
+            if engine_beside:
+                add_engine(
+                    task_def,
+                    worker,
+                    model=model,
+                    compute=c,
+                    memory_reservation_mib=memory_reservation_mib,
+                    log_group=log_group,
+                )
             # Task scale-in protection from inside the task (ECS agent endpoint
             # $ECS_AGENT_URI/task-protection/v1/state uses the task role; ECS developer guide,
             # "Protect your Amazon ECS tasks from being terminated by scale-in events").
