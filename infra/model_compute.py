@@ -144,6 +144,12 @@ def problems(computes: Mapping[str, ModelCompute], gpu_families: tuple[str, ...]
                 f"ECS GPU AMI (families {', '.join(gpu_families)}) but gpus={c.gpus}; set "
                 "compute.gpus: 0 for a CPU worker"
             )
+        if c.engine is not None and c.backend == "sagemaker":
+            p.append(
+                f"{model}: an openai-server engine.image runs beside the worker on ECS only in "
+                "this build (SageMaker async endpoints serve one container contract); use "
+                "compute.backend: ecs, or engine.url for an engine that is already running"
+            )
         if c.max_workers < max(c.min_workers, 1):
             p.append(f"{model}: max_workers={c.max_workers} is below min_workers={c.min_workers}")
     if len(backends) > 1:

@@ -88,3 +88,22 @@ def test_s3_weights_are_copied_to_the_instance_disk_before_the_engine(eng: Synth
     ]
     (vol,) = td["Properties"]["Volumes"]
     assert vol["Host"]["SourcePath"] == "/opt/asyncinfer/weights/llama-8b"
+
+
+def test_an_engine_image_on_sagemaker_is_refused_naming_the_model() -> None:
+    from asyncinfer.models.catalogue import parse_catalogue
+    from infra.config import GPU_FAMILIES
+    from infra.model_compute import problems, resolve
+
+    entry = {
+        "id": "llama-8b",
+        "kind": "openai-server",
+        "engine": {"image": "vllm/vllm-openai:v0.8.5", "model": "m"},
+        "compute": {"backend": "sagemaker", "instance_type": "g6e.xlarge"},
+    }
+    cat = parse_catalogue({"models": [entry]})
+    values = {"compute": "ecs", "instance_type": "g5.xlarge", "gpu": True, "min_workers": 0}
+    values |= {"max_workers": 1, "backlog_per_worker": 5.0}
+    computes = resolve(cat, ["llama-8b"], values, set())
+    (problem,) = problems(computes, GPU_FAMILIES)
+    assert problem.startswith("llama-8b: an openai-server engine.image") and "ecs" in problem
