@@ -367,3 +367,31 @@ def test_server_side_request_mapping() -> None:
     with pytest.raises(BadRequest) as bad:
         input_of({"prompt": "a", "n": 2}, chat=False)
     assert bad.value.param == "n"
+
+
+def test_the_catalogue_checks_the_engine_block() -> None:
+    from asyncinfer.errors import CatalogueError
+
+    with pytest.raises(CatalogueError) as info:
+        parse_catalogue(
+            {
+                "models": [
+                    {
+                        "id": "a",
+                        "kind": "openai-server",
+                        "engine": {"url": URL, "model": "m", "args": ["-x"]},
+                    },
+                    {
+                        "id": "b",
+                        "kind": "openai-server",
+                        "engine": {"image": "vllm/vllm-openai", "model": "m", "tensor_parallel": 8},
+                        "compute": {"gpus": 4, "instance_type": "g6e.12xlarge"},
+                    },
+                    {"id": "c", "kind": "openai-server", "engine": {"model": "m"}},
+                ]
+            }
+        )
+    text = str(info.value)
+    assert "models[0].engine.args: only for an engine.image" in text
+    assert "models[1].engine.tensor_parallel: 8 needs as many GPUs; compute.gpus is 4" in text
+    assert "models[2].engine: exactly one of url or image is required" in text

@@ -188,3 +188,14 @@ def test_a_closed_stream_cancels_its_job_and_metrics_count_running_and_waiting(
     while metric(url, "vllm:num_requests_running") != 0:
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+def test_serve_openai_refuses_unknown_and_non_causal_lm_entries(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from asyncinfer.models.openai_server.serve import serve_openai
+
+    caplog.set_level(logging.ERROR, "asyncinfer.serve_openai")
+    assert serve_openai("no-such-model", port=0) == 2
+    assert serve_openai("echo", port=0) == 2
+    assert "serve-openai serves causal-lm entries" in caplog.text
