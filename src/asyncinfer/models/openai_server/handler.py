@@ -333,13 +333,18 @@ class OpenAIServerHandler(ModelHandler):
                 pass
             if source.stopping and not active:
                 return
-            if active < max_batch_size and not source.stopping and self.ready():
-                items = source.take(max_batch_size - active, timeout=0 if active else 0.2)
-                for item in items:
-                    self._start(item)
-                active += len(items)
-                if items:
-                    continue
+            if active < max_batch_size and not source.stopping:
+                if not self.ready():
+                    # Nothing to start; the take still lets the source do its own upkeep (the
+                    # worker's pending writes and deletes, its scale-in protection when idle).
+                    source.take(0, timeout=0.0)
+                else:
+                    items = source.take(max_batch_size - active, timeout=0 if active else 0.2)
+                    for item in items:
+                        self._start(item)
+                    active += len(items)
+                    if items:
+                        continue
             try:
                 item, result = self._results.get(timeout=0.05 if active else 0.2)
             except queue.Empty:
@@ -348,8 +353,8 @@ class OpenAIServerHandler(ModelHandler):
             active -= 1
 
     def predict(self, items: list[WorkItem]) -> list[Result]:
-        """Run ``items`` concurrently against the engine (waits for readiness up to each
-        item's deadline) and return their results in order."""
+        """Run ``items`` concurrently against the engine, at once (an engine that is not up gives
+        each a retryable :class:`TransientError`), and return their results in order."""
         self.load()
         for item in items:
             self._start(item)
