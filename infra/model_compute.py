@@ -22,7 +22,7 @@ from typing import Any
 from aws_cdk import Aws
 from aws_cdk import aws_iam as iam
 
-from asyncinfer.models.catalogue import Catalogue, ModelEntry
+from asyncinfer.models.catalogue import Catalogue, Engine, ModelEntry
 
 #: The context keys that override every entry's ``compute:`` when given explicitly.
 OVERRIDE_KEYS = (
@@ -48,6 +48,9 @@ class ModelCompute:
         backlog_per_worker: target of the backlog-per-worker scaling policy, jobs.
         weight_prefixes: ``(bucket, key prefix)`` of each ``s3://`` source of the entry.
         warm_pool: stopped instances kept in the capacity's warm pool (ECS only; 0: none).
+        engine: an ``openai-server`` entry's ``engine`` block when it has an ``image`` (the
+            CDK app runs that engine beside the worker, :mod:`infra.components.engine`).
+        source: the entry's ``source`` (for such an engine: its weights).
     """
 
     backend: str
@@ -58,6 +61,8 @@ class ModelCompute:
     backlog_per_worker: float
     weight_prefixes: tuple[tuple[str, str], ...] = ()
     warm_pool: int = 0
+    engine: Engine | None = None
+    source: str | None = None
 
     @property
     def sagemaker_instance_type(self) -> str:
@@ -147,6 +152,10 @@ def resolve(
             weight_prefixes=weight_prefixes(entry),
             # A deploy-time -c compute=sagemaker leaves the entry's ECS warm pool out.
             warm_pool=c.warm_pool if pick("compute", c.backend, values["compute"]) == "ecs" else 0,
+            engine=entry.engine
+            if entry.kind == "openai-server" and entry.engine and entry.engine.image
+            else None,
+            source=entry.source,
         )
     return out
 
@@ -171,6 +180,12 @@ def problems(computes: Mapping[str, ModelCompute], gpu_families: tuple[str, ...]
                 f"{model}: gpus={c.gpus} but instance_type {c.instance_type!r} has {have} "
                 f"GPU{'s' * (have != 1)}; no instance could take a worker (choose a larger "
                 "instance type or fewer gpus)"
+            )
+        if c.engine is not None and c.backend == "sagemaker":
+            p.append(
+                f"{model}: an openai-server engine.image runs beside the worker on ECS only in "
+                "this build (SageMaker async endpoints serve one container contract); use "
+                "compute.backend: ecs, or engine.url for an engine that is already running"
             )
         if c.max_workers < max(c.min_workers, 1):
             p.append(f"{model}: max_workers={c.max_workers} is below min_workers={c.min_workers}")

@@ -21,6 +21,7 @@ from constructs import Construct
 from asyncinfer.core import envvars as ev
 from asyncinfer.core import naming
 from infra.components.ecs_instances import WEIGHTS_CACHE_PATH, instance_user_data
+from infra.components.engine import ENGINE_PORT, add_engine
 from infra.components.function import METRICS_NAMESPACE
 from infra.components.model_scopes import ModelScopes
 from infra.model_compute import ModelCompute
@@ -198,21 +199,29 @@ class EcsWorkers(Construct):
                 sc, f"{model}-logs", retention=log_retention, removal_policy=removal_policy
             )
             task_def.add_volume(name="weights-cache", host=ecs.Host(source_path=WEIGHTS_CACHE_PATH))
+            # An openai-server entry with engine.image: the GPUs go to the engine container
+            # beside the worker (infra.components.engine); the worker runs no model.
+            engine_beside = c.engine is not None
+            worker_env = {
+                **environment,
+                ev.AWS_REGION: Aws.REGION,
+                ev.COMPUTE: "ecs",
+                ev.WEIGHTS_CACHE: WEIGHTS_CACHE_PATH,
+            }
+            if engine_beside:
+                worker_env[ev.ENGINE_URL] = f"http://engine:{ENGINE_PORT}"
             worker = task_def.add_container(
                 "worker",
                 image=ecs.ContainerImage.from_docker_image_asset(image),
                 command=["worker", "--model", model],
                 memory_reservation_mib=(
-                    memory_reservation_mib if c.gpus else CPU_MEMORY_RESERVATION_MIB
+                    memory_reservation_mib
+                    if c.gpus and not engine_beside
+                    else CPU_MEMORY_RESERVATION_MIB
                 ),
-                gpu_count=c.gpus or None,
+                gpu_count=(c.gpus or None) if not engine_beside else None,
                 stop_timeout=Duration.seconds(stop_timeout),
-                environment={
-                    **environment,
-                    ev.AWS_REGION: Aws.REGION,
-                    ev.COMPUTE: "ecs",
-                    ev.WEIGHTS_CACHE: WEIGHTS_CACHE_PATH,
-                },
+                environment=worker_env,
                 logging=ecs.LogDrivers.aws_logs(stream_prefix=model, log_group=log_group),
                 essential=True,
             )
@@ -223,6 +232,15 @@ class EcsWorkers(Construct):
                     read_only=False,
                 )
             )
+            if engine_beside:
+                add_engine(
+                    task_def,
+                    worker,
+                    model=model,
+                    compute=c,
+                    memory_reservation_mib=memory_reservation_mib,
+                    log_group=log_group,
+                )
             # Task scale-in protection from inside the task (ECS agent endpoint
             # $ECS_AGENT_URI/task-protection/v1/state uses the task role; ECS developer guide,
             # "Protect your Amazon ECS tasks from being terminated by scale-in events").

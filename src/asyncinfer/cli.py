@@ -1,8 +1,10 @@
 """The ``asyncinfer`` command: ``local`` (the local stack), ``worker`` (one worker process),
-``prepare`` (convert model checkpoints once), ``preflight`` (check an AWS account before a first
-``cdk deploy``, :mod:`asyncinfer.aws.preflight`), and the client commands (``submit``, ``get``,
-``wait``, ``cancel``, ``ls``, ``batch``, ``models``, ``webhook-secret``, ``verify-webhook``; see
-:mod:`asyncinfer.client._cli` for their output and exit codes)."""
+``prepare`` (convert model checkpoints once), ``serve-openai`` (a ``causal-lm`` entry behind an
+OpenAI-compatible server, :mod:`asyncinfer.models.openai_server.serve`), ``preflight`` (check an
+AWS account before a first ``cdk deploy``, :mod:`asyncinfer.aws.preflight`), and the client
+commands (``submit``, ``get``, ``wait``, ``cancel``, ``ls``, ``batch``, ``models``,
+``webhook-secret``, ``verify-webhook``; see :mod:`asyncinfer.client._cli` for their output and
+exit codes)."""
 
 from __future__ import annotations
 
@@ -64,6 +66,26 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_openai(args: argparse.Namespace) -> int:
+    from asyncinfer.core import logs
+    from asyncinfer.core.errors import CatalogueError
+    from asyncinfer.models.openai_server.serve import serve_openai
+    from asyncinfer.models.registry import MODELS, use_catalogue
+
+    logs.setup(f"serve-openai[{args.model}]")
+    try:
+        if args.models_file:
+            use_catalogue(Path(args.models_file).resolve())
+        else:
+            MODELS.catalogue  # noqa: B018 - load (and validate) it now
+    except CatalogueError as exc:
+        print(f"asyncinfer serve-openai: {exc}", file=sys.stderr)
+        return 2
+    return serve_openai(
+        args.model, host=args.host, port=args.port, max_batch_size=args.max_batch_size
+    )
+
+
 def _preflight(args: argparse.Namespace) -> int:
     from asyncinfer.aws.preflight import main as preflight_main
 
@@ -123,6 +145,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     pp = sub.add_parser("prepare", help="convert the SmolLM2 GGUF file to a cached checkpoint")
     pp.set_defaults(func=_prepare)
+
+    op = sub.add_parser(
+        "serve-openai",
+        help="serve a causal-lm model of the catalogue through an OpenAI-compatible API",
+    )
+    op.add_argument("--model", required=True, help="a causal-lm model id of the catalogue")
+    op.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    op.add_argument("--port", type=int, default=8000, help="port (8000)")
+    op.add_argument(
+        "--models-file", default=None, metavar="PATH", help="the model catalogue, models.yaml"
+    )
+    op.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=None,
+        help="most requests running at once (default: the entry's max_batch_size)",
+    )
+    op.set_defaults(func=_serve_openai)
 
     fp = sub.add_parser(
         "preflight",

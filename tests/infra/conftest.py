@@ -96,6 +96,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     # tests/infra/fixtures/catalogue3: each entry's compute from the catalogue (no override).
     "catalogue3": {"models_file": str(ROOT / "tests/infra/fixtures/catalogue3/models.yaml")},
+    # tests/infra/fixtures/openai_engine: openai-server entries with an engine image (issue 16).
+    "openai-engine": {"models_file": str(ROOT / "tests/infra/fixtures/openai_engine/models.yaml")},
     "catalogue3-sagemaker": {
         "compute": "sagemaker",
         "models_file": str(ROOT / "tests/infra/fixtures/catalogue3/models.yaml"),

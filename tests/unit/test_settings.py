@@ -84,6 +84,7 @@ _EVERY_VAR: list[tuple[str, str, str, object]] = [
     (ev.SUBMIT_LEASE, "60", "submit_lease_seconds", 60),
     (ev.MAX_WAITS_PER_TENANT, "0", "max_waits_per_tenant", 0),
     (ev.MODEL_CACHE, "/cache", "model_cache_dir", Path("/cache")),
+    (ev.ENGINE_URL, "http://engine:8000", "engine_url", "http://engine:8000"),
     (ev.WEIGHTS_CACHE, "/var/cache/asyncinfer", "weights_cache_dir", Path("/var/cache/asyncinfer")),
     (ev.MAX_BATCH_SIZE, "4", "max_batch_size", 4),
     (ev.MAX_WAIT_MS, "10", "max_wait_ms", 10.0),

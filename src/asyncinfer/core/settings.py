@@ -48,6 +48,8 @@ Environment variables (all optional unless a component needs the resource):
                                     one tenant, across every API Lambda (10; 0: no bound);
                                     one more is 429 ``rate_limited``
 ``ASYNCINFER_MODEL_CACHE``          where converted checkpoints are cached (~/.cache/asyncinfer)
+``ASYNCINFER_ENGINE_URL``           the engine of an ``openai-server`` entry run beside the worker
+                                    (http://127.0.0.1:8000; an entry's ``engine.url`` wins)
 ``ASYNCINFER_WEIGHTS_CACHE``        where ``s3://`` weight sources are downloaded once and reused
                                     (default ``<ASYNCINFER_MODEL_CACHE>/weights``; on ECS the
                                     instance's ``/var/cache/asyncinfer``, shared by its tasks)
@@ -181,6 +183,9 @@ class Settings(BaseSettings):
         validation_alias=ev.MODEL_CACHE,
     )
     weights_cache_dir: Path | None = Field(None, validation_alias=ev.WEIGHTS_CACHE)
+    #: The engine an ``openai-server`` worker feeds when its entry has ``engine.image`` (the
+    #: engine container of the same task). An entry's ``engine.url`` wins.
+    engine_url: str = Field("http://127.0.0.1:8000", validation_alias=ev.ENGINE_URL)
     max_batch_size: int = Field(0, ge=0, validation_alias=ev.MAX_BATCH_SIZE)
     max_wait_ms: float = Field(50.0, ge=0, validation_alias=ev.MAX_WAIT_MS)
     token_budget: int = Field(32768, ge=0, validation_alias=ev.TOKEN_BUDGET)

@@ -238,6 +238,13 @@ class ModelHandler:
         ``max_batch_size``: that size when :attr:`batching`, else 1."""
         return max(1, max_batch_size) if self.batching else 1
 
+    def ready(self) -> bool:
+        """Whether the handler can start jobs now. While ``False`` the worker receives no
+        messages (they wait in the queue, visible to other workers) and ``serve`` should take
+        none: an ``openai-server`` handler whose engine is not up yet, or whose engine has a
+        queue of its own. Default ``True``; read often, so it must be cheap."""
+        return True
+
     def load(self) -> None:
         """Load weights once (idempotent). Raises on a model that cannot be loaded."""
 

@@ -237,10 +237,39 @@ def _entry_problems(index: int, raw: Any) -> list[str]:
         and bool(engine.get("url")) == bool(engine.get("image"))
     ):
         problems.append(f"{at}.engine: exactly one of url or image is required{suffix}")
+    if isinstance(engine, dict) and kind == "openai-server":
+        problems.extend(_engine_problems(at, suffix, engine, raw.get("compute")))
     budget = raw.get("token_budget")
     if isinstance(budget, int) and not isinstance(budget, bool) and budget < 1:
         problems.append(f"{at}.token_budget: must be 'auto' or at least 1{suffix}")
     return problems
+
+
+def _engine_problems(at: str, suffix: str, engine: dict[str, Any], compute: Any) -> list[str]:
+    """The rules of an ``openai-server`` entry's ``engine`` beyond its fields' own: ``args`` and
+    ``tensor_parallel`` are for an engine the CDK app runs (``image``), and a tensor-parallel
+    engine needs that many GPUs (``compute.gpus``, default 1)."""
+    out: list[str] = []
+    if engine.get("url") and not engine.get("image"):
+        for name in ("args", "tensor_parallel"):
+            if engine.get(name) not in (None, [], 1):
+                out.append(
+                    f"{at}.engine.{name}: only for an engine.image the CDK app runs; an "
+                    f"engine.url is already running{suffix}"
+                )
+    tp = engine.get("tensor_parallel", 1)
+    gpus = compute.get("gpus", 1) if isinstance(compute, dict) else 1
+    if (
+        engine.get("image")
+        and isinstance(tp, int)
+        and isinstance(gpus, int)
+        and not isinstance(gpus, bool)
+        and tp > max(gpus, 1)
+    ):
+        out.append(
+            f"{at}.engine.tensor_parallel: {tp} needs as many GPUs; compute.gpus is {gpus}{suffix}"
+        )
+    return out
 
 
 def _read_schema(path: Path) -> tuple[dict[str, Any] | None, str | None]:

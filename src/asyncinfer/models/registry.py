@@ -36,6 +36,7 @@ KIND_HANDLERS: dict[str, str] = {
     "causal-lm": "asyncinfer.models.smollm2:SmolLM2Handler",
     "embeddings": "asyncinfer.models.kinds.embeddings:EmbeddingsHandler",
     "echo": "asyncinfer.models.echo:EchoHandler",
+    "openai-server": "asyncinfer.models.openai_server.handler:OpenAIServerHandler",
 }
 #: The ``task`` of ``GET /v1/models`` per kind.
 KIND_TASKS: dict[str, str] = {
@@ -82,7 +83,7 @@ class ModelSpec:
 
         Raises:
             ImportError / AttributeError: the handler's module or class does not exist.
-            NotImplementedError: a kind this build has no handler for (``openai-server``).
+            NotImplementedError: a kind this build has no handler for.
         """
         if not self.handler:
             raise NotImplementedError(f"kind {self.kind!r} of {self.id!r} has no handler yet")

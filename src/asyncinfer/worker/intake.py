@@ -61,6 +61,8 @@ class Intake:
         receive_wait_seconds: the long poll's wait, seconds.
         max_wait_seconds: the gather window, seconds.
         stop_release_delay: how long a message received after the stop stays hidden, seconds.
+        ready: whether the handler can start jobs now (:meth:`ModelHandler.ready`); while it
+            is ``False`` the room is 0 and nothing is received.
     """
 
     #: One sweep in this many starts with a lower class.
@@ -78,6 +80,7 @@ class Intake:
         receive_wait_seconds: int,
         max_wait_seconds: float,
         stop_release_delay: float,
+        ready: Callable[[], bool] | None = None,
     ) -> None:
         self.held = held
         self.queues = queues
@@ -88,6 +91,7 @@ class Intake:
         self.receive_wait_seconds = receive_wait_seconds
         self.max_wait_seconds = max_wait_seconds
         self.stop_release_delay = stop_release_delay
+        self.ready = ready
         self.inboxes: dict[str, queue.Queue[Held]] = {p: queue.Queue() for p in queues}
         self.arrived = threading.Condition()
         #: Messages taken out of the inboxes whose starts are being written: they count against
@@ -101,7 +105,9 @@ class Intake:
     # ------------------------------------------------------------------ room
     def room(self) -> int:
         """How many more messages the worker may receive now: capacity less the jobs running
-        and the messages in hand."""
+        and the messages in hand; 0 while the handler is not ready."""
+        if self.ready is not None and not self.ready():
+            return 0
         return self.capacity - self.running() - self.backlog() - self.starting
 
     def backlog(self) -> int:

@@ -176,6 +176,7 @@ class Worker:
             receive_wait_seconds=settings.receive_wait_seconds,
             max_wait_seconds=self.max_wait_seconds,
             stop_release_delay=self._stop_release_delay(),
+            ready=lambda: self.handler is None or self.handler.ready(),
         )
         self.starter = Starter(
             self.spec,
