@@ -1,0 +1,1 @@
+"""Handlers of the catalogue's generic kinds (shared/spec/models.md, "Kinds")."""
