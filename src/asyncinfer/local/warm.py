@@ -47,6 +47,7 @@ PRELOAD = [
     "boto3",
     "asyncinfer.worker.runner",
     "asyncinfer.models.kinds.causal_lm",
+    "asyncinfer.models.engine",
     "asyncinfer.models.minilm",
 ]
 
