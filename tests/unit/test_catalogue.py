@@ -62,7 +62,7 @@ def test_default_catalogue_is_todays_registry() -> None:
         GenerationInput,
         64,
     )
-    assert gen.handler == "asyncinfer.models.smollm2:SmolLM2Handler"
+    assert gen.handler == "asyncinfer.models.kinds.causal_lm:CausalLMHandler"
     assert (emb.task, emb.input_model, emb.max_batch_size) == ("embeddings", EmbeddingInput, 32)
     # MiniLM is an entry of the embeddings kind; its handler is MiniLMHandler under the kind's
     # name (issue 13 item 3).
@@ -338,7 +338,9 @@ validate_input(MODELS["wordcount"], {{"text": "hi"}})
 heavy = [m for m in sys.modules if m.split(".")[0] in ("torch", "transformers", "wordcount")
          or m in ("asyncinfer.models.smollm2", "asyncinfer.models.minilm",
                   "asyncinfer.models.kinds.embeddings", "asyncinfer.models.weights",
-                  "asyncinfer.models.generation", "asyncinfer.models.checkpoint")]
+                  "asyncinfer.models.generation", "asyncinfer.models.checkpoint",
+                  "asyncinfer.models.kinds.causal_lm")
+         or m.startswith("asyncinfer.models.engine")]
 print(json.dumps(heavy))
 """
     out = subprocess.run(

@@ -1,4 +1,4 @@
-"""Continuous batching of SmolLM2 (:mod:`asyncinfer.models.generation` and the handler's
+"""Continuous batching of SmolLM2 (:mod:`asyncinfer.models.engine` and the handler's
 ``serve``), against an in-memory work source: greedy outputs equal those of a job run alone,
 mixed sampling parameters, slots freed for waiting jobs, one job cancelled among others, the
 token budget, out-of-memory errors."""
@@ -12,7 +12,7 @@ import pytest
 
 from asyncinfer.core.errors import InvalidInput, JobCancelled, JobTimeout, OutOfMemory
 from asyncinfer.models.base import Result, WorkItem
-from asyncinfer.models.generation import BatchedDecoder
+from asyncinfer.models.engine import BatchedDecoder
 from asyncinfer.models.registry import MODELS
 from asyncinfer.models.schemas import GenerationInput
 from asyncinfer.models.smollm2 import SmolLM2Handler
@@ -191,9 +191,11 @@ def test_token_budget(handler: SmolLM2Handler, monkeypatch: pytest.MonkeyPatch) 
     assert seen and max(seen) <= 80
 
 
-def test_out_of_memory_fails_that_batch_and_goes_on(
+def test_out_of_memory_in_a_step_preempts_the_newest_row_and_goes_on(
     handler: SmolLM2Handler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Issue 13 item 1: an out-of-memory error in a decoding step of several rows evicts the
+    newest row back to the waiting queue (vLLM's preemption); nothing fails that fits alone."""
     real_step = BatchedDecoder.step
     calls = [0]
 
@@ -210,16 +212,50 @@ def test_out_of_memory_fails_that_batch_and_goes_on(
         item("j2", max_new_tokens=4),
     ]
     source = run(handler, items, batch=2)
+    for n in range(3):
+        got = source.results[f"j{n}"]
+        assert isinstance(got, dict), got
+        assert 0 < got["usage"]["completion_tokens"] <= items[n].input.max_new_tokens  # type: ignore[attr-defined]
+    assert source.results["j0"] == alone(handler, items[0])
+    assert source.results["j2"] == alone(handler, items[2])
+    assert source.order.index("j0") < source.order.index("j1")
+
+
+def test_out_of_memory_of_a_row_alone_fails_only_that_row(
+    handler: SmolLM2Handler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row that runs out of memory even alone fails with ``out_of_memory`` (after the newer
+    row was preempted for it); the accelerator cache is emptied; the other jobs go on."""
+    import torch
+
+    real_step = BatchedDecoder.step
+    emptied = [0]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.__setitem__(0, emptied[0] + 1))
+
+    def step(self: BatchedDecoder) -> Any:
+        if any(r.request_id == "j0" for r in self.rows):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_step(self)
+
+    monkeypatch.setattr(BatchedDecoder, "step", step)
+    items = [
+        item("j0", max_new_tokens=8),
+        item("j1", max_new_tokens=8),
+        item("j2", max_new_tokens=4),
+    ]
+    source = run(handler, items, batch=2)
     assert isinstance(source.results["j0"], OutOfMemory)
-    assert isinstance(source.results["j1"], OutOfMemory)
     assert source.results["j0"].code == "out_of_memory"
-    assert isinstance(source.results["j2"], dict)
+    assert isinstance(source.results["j1"], dict)
+    assert source.results["j2"] == alone(handler, items[2])
+    assert emptied[0] >= 2  # after the preemption and after the failure
 
 
 def test_progress_reports_partial_output(
     handler: SmolLM2Handler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("asyncinfer.models.smollm2.PROGRESS_INTERVAL", 0.0)
+    monkeypatch.setattr("asyncinfer.models.engine.serving.PROGRESS_INTERVAL", 0.0)
     reports: list[tuple[int, dict[str, Any]]] = []
     it = item("j0", max_new_tokens=5)
     it.on_progress = lambda n, partial: reports.append((n, partial))
@@ -295,7 +331,8 @@ def test_budget_counts_padding(handler: SmolLM2Handler, monkeypatch: pytest.Monk
 def test_nucleus_sampling_keeps_to_the_nucleus() -> None:
     import torch
 
-    from asyncinfer.models.generation import NUCLEUS_CANDIDATES, Sequence, sample
+    from asyncinfer.models.engine import NUCLEUS_CANDIDATES, sample
+    from asyncinfer.models.engine import Request as Sequence
 
     # One dominant token: top_p 0.5 keeps it alone.
     peaked = torch.zeros(1000)
@@ -323,7 +360,7 @@ def test_compute_seconds_split_steps_across_rows_and_sum_to_the_busy_time(
     serve loop's wall time."""
     import time
 
-    from asyncinfer.models import generation
+    from asyncinfer.models.engine import runner as generation
 
     calls: list[float] = []
 

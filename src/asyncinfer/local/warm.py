@@ -46,7 +46,8 @@ PRELOAD = [
     "safetensors.torch",
     "boto3",
     "asyncinfer.worker.runner",
-    "asyncinfer.models.smollm2",
+    "asyncinfer.models.kinds.causal_lm",
+    "asyncinfer.models.engine",
     "asyncinfer.models.kinds.embeddings",
 ]
 

