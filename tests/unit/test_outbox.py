@@ -209,3 +209,59 @@ def test_dlq_fails_a_queued_job_and_a_running_one_without_a_message_id(
         rec = handler.handle(_message(job_id), 3, "m9")
         assert rec is not None and rec["status"] == "failed"
         assert json.dumps(rec["error"]).count("max_attempts") == 1
+
+
+def test_a_started_event_of_a_live_attempt_is_left_to_its_worker() -> None:
+    now = 1_000_000.0
+    running = {"status": "running", "attempts": 2, "lease_expires_epoch": now + 60}
+    assert outbox.disposition(running, "job.started#2", now) == "leave"
+    assert outbox.disposition(running, "job.started#n", now) == "leave"  # the worker's key
+    # Lease lapsed: the worker may be gone; the event goes out.
+    assert outbox.disposition(
+        {**running, "lease_expires_epoch": now - 1}, "job.started#2", now
+    ) == ("publish")
+
+
+def test_a_started_event_of_an_attempt_handed_back_is_dropped() -> None:
+    now = 1_000_000.0
+    assert outbox.disposition({"status": "queued", "attempts": 1}, "job.started#1", now) == "drop"
+    assert outbox.disposition({"status": "queued", "attempts": 1}, "job.started#n", now) == "drop"
+    later_attempt = {"status": "running", "attempts": 2, "lease_expires_epoch": now + 60}
+    assert outbox.disposition(later_attempt, "job.started#1", now) == "drop"
+    # Other events are always published again.
+    assert outbox.disposition({"status": "queued", "attempts": 1}, "job.queued#1", now) == (
+        "publish"
+    )
+    assert outbox.disposition({"status": "succeeded", "attempts": 1}, "job.succeeded#1", now) == (
+        "publish"
+    )
+
+
+def test_the_sweeper_drops_a_handed_back_attempts_started_event_without_publishing(
+    settings: Settings, resources: Resources, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker killed after it published job.started: the sweeper took the job back (queued,
+    # attempts 1). Its job.started#1 must not be published again after the job.queued.
+    job_id = submit(settings)
+    events(resources)  # the submit's job.queued
+    store = JobStore(settings)
+    store.ddb.update_item(
+        TableName=store.table,
+        Key={"job_id": {"S": job_id}},
+        UpdateExpression="SET attempts = :one, #obm = :m, #obs = :s ADD #ob :k",
+        ExpressionAttributeNames={
+            "#ob": OUTBOX_FIELD,
+            "#obm": OUTBOX_MARK_FIELD,
+            "#obs": OUTBOX_SINCE_FIELD,
+        },
+        ExpressionAttributeValues={
+            ":one": {"N": "1"},
+            ":m": {"S": "pending"},
+            ":s": {"N": str(int(time.time()))},
+            ":k": {"SS": ["job.started#1"]},
+        },
+    )
+    later(monkeypatch, settings.outbox_grace_seconds + 1)
+    assert sweeper.republish_pending(settings) == 0
+    assert types_of(events(resources), job_id) == []
+    assert pending(store, job_id) == []

@@ -15,6 +15,12 @@ crash, a slow publisher overtaken by the sweeper). A republished event is render
 as it is then, with the status of the event's type (a ``job.queued`` republished after the job
 started says ``queued``); webhook receivers dedupe on ``webhook-id``. A republished non-terminal
 event may arrive after a later event of the same job.
+
+Two exceptions for ``job.started`` (:func:`disposition`): while its attempt runs under a live
+lease the event is its worker's (the worker publishes it and the attempt's terminal write clears
+the key), so the sweeper leaves it; and once its attempt was handed back (the job is ``queued``
+again, or a later attempt started) it is dropped, not republished: the ``job.queued`` of the
+hand-back says that attempt is over, and a ``job.started`` after it would say the opposite.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import ClientError
 
 from asyncinfer.jobs.record import (
+    LEASE_FIELD,
     OUTBOX_FIELD,
     OUTBOX_INDEX,
     OUTBOX_MARK,
@@ -109,6 +116,23 @@ def as_of(record: dict[str, Any], key: str) -> dict[str, Any]:
     return {**record, "status": status_of_event(event_type_of(key))}
 
 
+def disposition(record: dict[str, Any], key: str, now: float) -> str:
+    """What the sweeper does with one pending outbox ``key`` of ``record`` at ``now`` (epoch
+    seconds): ``"publish"``, ``"leave"`` (a ``job.started`` of the attempt that runs now, under a
+    live lease: its worker's) or ``"drop"`` (a ``job.started`` of an attempt handed back since)."""
+    kind, _, attempt = key.partition("#")
+    if kind != "job.started":
+        return "publish"
+    attempts = int(record.get("attempts") or 0)
+    status = record.get("status")
+    # ``#n``: a start that did not know its count (the worker's); it is the latest attempt's.
+    if status == "queued" or (attempt.isdigit() and attempts > int(attempt)):
+        return "drop"
+    if status == "running" and float(record.get(LEASE_FIELD) or 0) > now:
+        return "leave"
+    return "publish"
+
+
 def republish_due(
     store: JobStore,
     events: EventPublisher,
@@ -144,6 +168,12 @@ def republish_due(
                 _unmark(store, job_id)
                 continue
             for key in keys:
+                what = disposition(record, key, time.time())
+                if what == "leave":
+                    continue
+                if what == "drop":
+                    clear(store, job_id, [key])
+                    continue
                 try:
                     events.publish(as_of(record, key), keys=[key])
                 except Exception:
