@@ -71,6 +71,8 @@ def test_table_attribute_definitions_are_each_key_once() -> None:
         "expires_epoch",
         "running_mark",
         "lease_expires_epoch",
+        "outbox_mark",
+        "outbox_since",
     ]
 
 
