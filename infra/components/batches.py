@@ -2,8 +2,9 @@
 (:mod:`asyncinfer.openai_api.expansion`), the batch-events queue (subscribed to the events
 topic, terminal job events only) feeding the line counter and finalizer
 (:mod:`asyncinfer.openai_api.finalize`), their dead-letter queues, and the alarms on stuck
-batches. Queue shapes and timeouts come from :mod:`asyncinfer.openai_api.queues`, which the
-local stack reads too."""
+batches. Queue shapes, triggers and timeouts come from the topology
+(:mod:`asyncinfer.core.topology`, through :mod:`asyncinfer.openai_api.queues`), which the local
+stack reads too."""
 
 from __future__ import annotations
 
@@ -21,34 +22,42 @@ from aws_cdk import aws_sns_subscriptions as subs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from asyncinfer.core import envvars as ev
+from asyncinfer.core import topology
 from asyncinfer.openai_api import queues
 from infra.components.function import PythonFunction
 
 #: A batch-queue message older than this means a batch's expansion or checks are stuck, seconds
 #: (checks wait at most 15 minutes in the queue by design: SQS's largest delay).
 STUCK_SECONDS = 3600
-#: Records per counter invocation (SQS event source batch size).
-COUNTER_BATCH_SIZE = 10
+#: Records per counter invocation (SQS event source batch size; the topology's).
+COUNTER_BATCH_SIZE = queues.COUNTER_BATCH_SIZE
 
 
-def _queue(scope: Construct, id: str, visibility: int) -> tuple[sqs.Queue, sqs.Queue]:
-    dlq = sqs.Queue(
-        scope,
-        f"{id}Dlq",
-        encryption=sqs.QueueEncryption.SQS_MANAGED,
-        enforce_ssl=True,
-        retention_period=Duration.seconds(queues.RETENTION_SECONDS),
-    )
-    queue = sqs.Queue(
+def _sqs_queue(scope: Construct, id: str, spec: topology.Queue, **kwargs: Any) -> sqs.Queue:
+    """An SQS queue with the topology's retention and visibility timeout (``spec``)."""
+    assert spec.visibility_timeout_seconds is not None
+    return sqs.Queue(
         scope,
         id,
         encryption=sqs.QueueEncryption.SQS_MANAGED,
         enforce_ssl=True,
-        retention_period=Duration.seconds(queues.RETENTION_SECONDS),
-        visibility_timeout=Duration.seconds(visibility),
-        dead_letter_queue=sqs.DeadLetterQueue(
-            queue=dlq, max_receive_count=queues.MAX_RECEIVE_COUNT
-        ),
+        retention_period=Duration.seconds(spec.retention_seconds),
+        visibility_timeout=Duration.seconds(spec.visibility_timeout_seconds),
+        **kwargs,
+    )
+
+
+def _queue(scope: Construct, id: str, name: str) -> tuple[sqs.Queue, sqs.Queue]:
+    """The topology's queue ``name`` and its dead-letter queue."""
+    spec = topology.QUEUES[name]
+    assert spec.dead_letter is not None and spec.max_receive_count is not None
+    dlq = _sqs_queue(scope, f"{id}Dlq", topology.QUEUES[spec.dead_letter])
+    queue = _sqs_queue(
+        scope,
+        id,
+        spec,
+        dead_letter_queue=sqs.DeadLetterQueue(queue=dlq, max_receive_count=spec.max_receive_count),
     )
     return queue, dlq
 
@@ -80,33 +89,35 @@ class BatchProcessing(Construct):
         grant_submit: Callable[[lambda_.IFunction], None],
     ) -> None:
         super().__init__(scope, id)
-        self.queue, self.dlq = _queue(self, "Queue", queues.VISIBILITY_TIMEOUT_SECONDS)
-        self.events_queue, self.events_dlq = _queue(
-            self, "EventsQueue", queues.EVENTS_VISIBILITY_TIMEOUT_SECONDS
-        )
+        expander_spec = topology.FUNCTIONS["openai_batches"]
+        counter_spec = topology.FUNCTIONS["openai_batch_counter"]
+        expander_trigger = expander_spec.sqs_trigger()
+        counter_trigger = counter_spec.sqs_trigger()
+        self.queue, self.dlq = _queue(self, "Queue", expander_trigger.queue)
+        self.events_queue, self.events_dlq = _queue(self, "EventsQueue", counter_trigger.queue)
         topic.add_subscription(
             subs.SqsSubscription(
                 self.events_queue,
                 raw_message_delivery=True,
                 filter_policy={
-                    "event_type": sns.SubscriptionFilter.string_filter(
-                        allowlist=list(queues.TERMINAL_JOB_EVENTS)
+                    topology.EVENT_TYPE_ATTRIBUTE: sns.SubscriptionFilter.string_filter(
+                        allowlist=list(topology.QUEUES[counter_trigger.queue].event_types)
                     )
                 },
             )
         )
         env = {
             **environment,
-            "ASYNCINFER_BATCH_QUEUE_URL": self.queue.queue_url,
-            "ASYNCINFER_BATCH_EVENTS_QUEUE_URL": self.events_queue.queue_url,
+            ev.BATCH_QUEUE_URL: self.queue.queue_url,
+            ev.BATCH_EVENTS_QUEUE_URL: self.events_queue.queue_url,
         }
         self.expander: lambda_.Function = PythonFunction(
             self,
             "Expander",
-            code="openai_batches",
-            service="asyncinfer-openai-batches",
+            code=expander_spec.code,
+            service=expander_spec.service,
             environment=env,
-            timeout=Duration.seconds(queues.EXPANDER_TIMEOUT_SECONDS),
+            timeout=Duration.seconds(expander_spec.timeout_seconds),
             memory_mib=1024,
             description="asyncinfer OpenAI batch expander (validate, expand into jobs, expiry)",
             **function_props,
@@ -114,10 +125,10 @@ class BatchProcessing(Construct):
         self.counter: lambda_.Function = PythonFunction(
             self,
             "Counter",
-            code="openai_batch_counter",
-            service="asyncinfer-openai-batch-counter",
+            code=counter_spec.code,
+            service=counter_spec.service,
             environment=env,
-            timeout=Duration.seconds(queues.FINALIZER_TIMEOUT_SECONDS),
+            timeout=Duration.seconds(counter_spec.timeout_seconds),
             memory_mib=2048,
             description="asyncinfer OpenAI batch line counter and finalizer",
             **function_props,
@@ -128,16 +139,20 @@ class BatchProcessing(Construct):
             topic.grant_publish(fn)
             self.queue.grant_send_messages(fn)
         grant_submit(self.expander)
-        self.expander.add_event_source(
-            sources.SqsEventSource(self.queue, batch_size=1, report_batch_item_failures=True)
-        )
-        self.counter.add_event_source(
-            sources.SqsEventSource(
-                self.events_queue,
-                batch_size=COUNTER_BATCH_SIZE,
-                report_batch_item_failures=True,
+        for fn, queue, trigger in (
+            (self.expander, self.queue, expander_trigger),
+            (self.counter, self.events_queue, counter_trigger),
+        ):
+            fn.add_event_source(
+                sources.SqsEventSource(
+                    queue,
+                    batch_size=trigger.batch_size,
+                    max_batching_window=Duration.seconds(trigger.max_batching_window_seconds)
+                    if trigger.max_batching_window_seconds
+                    else None,
+                    report_batch_item_failures=trigger.report_batch_item_failures,
+                )
             )
-        )
         self.alarms: list[cloudwatch.Alarm] = []
         for name, q in (("Batch", self.queue), ("BatchEvents", self.events_queue)):
             self.alarms.append(
@@ -172,4 +187,4 @@ class BatchProcessing(Construct):
     def grant_create(self, function: lambda_.Function) -> None:
         """Let ``function`` (the API) start batches: send to the batch queue, and know it."""
         self.queue.grant_send_messages(function)
-        function.add_environment("ASYNCINFER_BATCH_QUEUE_URL", self.queue.queue_url)
+        function.add_environment(ev.BATCH_QUEUE_URL, self.queue.queue_url)

@@ -49,12 +49,26 @@ def _template_queues(synth: Synth) -> dict[str, list[dict[str, Any]]]:
             roles[lid] = "jobs"
         elif naming.DLQ_INFIX in name:
             roles[lid] = "jobs-dlq"
-    rest = [lid for lid in queues if lid not in roles]
-    # The webhook queue is the unnamed queue with a redrive policy; its target the webhook DLQ.
-    (hooks,) = [lid for lid in rest if "RedrivePolicy" in queues[lid]["Properties"]]
-    roles[hooks] = "webhooks"
-    target = queues[hooks]["Properties"]["RedrivePolicy"]["deadLetterTargetArn"]["Fn::GetAtt"][0]
-    roles[target] = "webhooks-dlq"
+    # The unnamed queues: the source of a function's event source mapping has the role of that
+    # function's SQS trigger in the topology (webhooks, batches, batch-events) ...
+    by_service = {f.service: f for f in topology.FUNCTIONS.values()}
+    mappings = synth.props("AWS::Lambda::EventSourceMapping")
+    for service, (fn_lid, _props) in _functions(synth).items():
+        if service not in by_service:
+            continue  # test_every_function_of_the_template_is_in_the_topology reports it
+        for m in mappings:
+            if _targets(m["FunctionName"], fn_lid):
+                role = by_service[service].sqs_trigger().queue
+                source = m["EventSourceArn"]["Fn::GetAtt"][0]
+                assert roles.setdefault(source, role) == role, (source, role)
+    # ... and the target of a queue's redrive policy the role of that queue's dead-letter queue.
+    for lid, role in list(roles.items()):
+        redrive = queues[lid]["Properties"].get("RedrivePolicy")
+        if redrive:
+            dlq = topology.QUEUES[role].dead_letter
+            assert dlq is not None, f"{role} has a redrive policy the topology does not name"
+            target = redrive["deadLetterTargetArn"]["Fn::GetAtt"][0]
+            assert roles.setdefault(target, dlq) == dlq, (target, dlq)
     assert set(roles) == set(queues), "a queue of the template has no topology role"
     out: dict[str, list[dict[str, Any]]] = {}
     for lid, q in queues.items():
@@ -83,6 +97,10 @@ def _local_queues(res: Resources, sqs: Any) -> dict[str, list[dict[str, Any]]]:
         "jobs-dlq": list(res.dlqs.values()),
         "webhooks": [res.webhook_queue],
         "webhooks-dlq": [res.webhook_dlq],
+        "batches": [res.batch_queue],
+        "batches-dlq": [res.batch_dlq],
+        "batch-events": [res.batch_events_queue],
+        "batch-events-dlq": [res.batch_events_dlq],
     }
     attrs = {
         url: sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
@@ -102,9 +120,43 @@ def _distinct(queues: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[st
     }
 
 
+def _with_local_overrides(queues: dict[str, list[dict[str, Any]]]) -> dict[str, list[Any]]:
+    """The template's queues with the local stack's documented overrides of the topology
+    (``Queue.local_visibility_timeout_seconds``: the batch queues' retry delay)."""
+    out: dict[str, list[Any]] = {}
+    for role, qs in queues.items():
+        local_visibility = topology.QUEUES[role].local_visibility_timeout_seconds
+        out[role] = [
+            {**q, "VisibilityTimeout": local_visibility} if local_visibility is not None else q
+            for q in qs
+        ]
+    return out
+
+
 def test_local_queues_have_the_template_attributes(ecs: Synth, local: Any) -> None:
     res, sqs, _ddb = local
-    assert _distinct(_local_queues(res, sqs)) == _distinct(_template_queues(ecs))
+    assert _distinct(_local_queues(res, sqs)) == _distinct(
+        _with_local_overrides(_template_queues(ecs))
+    )
+
+
+def test_the_local_stack_overrides_only_the_batch_queues_retry_delay() -> None:
+    """The one documented difference (topology.BATCH_LOCAL_VISIBILITY_SECONDS): shorter, and
+    still longer than a local invocation (30 s, asyncinfer.local.lambda_runtime)."""
+    overridden = {
+        name: q.local_visibility_timeout_seconds
+        for name, q in topology.QUEUES.items()
+        if q.local_visibility_timeout_seconds is not None
+    }
+    assert overridden == {
+        "batches": topology.BATCH_LOCAL_VISIBILITY_SECONDS,
+        "batch-events": topology.BATCH_LOCAL_VISIBILITY_SECONDS,
+    }
+    assert (
+        30
+        < topology.BATCH_LOCAL_VISIBILITY_SECONDS
+        < min(topology.QUEUES[n].visibility_timeout_seconds or 0 for n in overridden)
+    )
 
 
 def test_template_queues_follow_the_topology(ecs: Synth) -> None:

@@ -71,4 +71,33 @@ def test_table_attribute_definitions_are_each_key_once() -> None:
         "expires_epoch",
         "running_mark",
         "lease_expires_epoch",
+        "outbox_mark",
+        "outbox_since",
     ]
+
+
+def test_batch_events_subscription_filters_terminal_job_events_raw() -> None:
+    events = topology.QUEUES["batch-events"]
+    assert events.subscribed_to_events
+    attrs = events.subscription_attributes()
+    assert attrs["RawMessageDelivery"] == "true"
+    assert json.loads(attrs["FilterPolicy"]) == {
+        "event_type": ["job.succeeded", "job.failed", "job.cancelled", "job.expired"]
+    }
+    # The webhook queue takes every event: no filter.
+    assert "FilterPolicy" not in topology.QUEUES["webhooks"].subscription_attributes()
+
+
+def test_batch_queues_local_visibility_is_the_documented_override_only() -> None:
+    batches = topology.QUEUES["batches"]
+    aws = batches.attributes(dlq_arn="arn:d")
+    local = batches.attributes(dlq_arn="arn:d", local=True)
+    assert aws["VisibilityTimeout"] == str(6 * topology.BATCH_EXPANDER_TIMEOUT_SECONDS)
+    assert local["VisibilityTimeout"] == str(topology.BATCH_LOCAL_VISIBILITY_SECONDS)
+    assert {k: v for k, v in aws.items() if k != "VisibilityTimeout"} == {
+        k: v for k, v in local.items() if k != "VisibilityTimeout"
+    }
+    assert json.loads(aws["RedrivePolicy"])["maxReceiveCount"] == topology.BATCH_MAX_RECEIVE_COUNT
+    # A queue without an override is the same locally.
+    hooks = topology.QUEUES["webhooks"]
+    assert hooks.attributes(dlq_arn="a", local=True) == hooks.attributes(dlq_arn="a")

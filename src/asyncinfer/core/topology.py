@@ -2,10 +2,12 @@
 their attributes, and the functions with their triggers, timeouts and settings.
 
 Both builders read it, so AWS and the local stack cannot drift apart: the CDK app
-(``infra/components/storage.py``, ``messaging.py``, ``webhooks.py``, ``infra/stack.py``) and the
-local stack (:mod:`asyncinfer.local.resources`, :mod:`asyncinfer.webhooks.queues`,
-:mod:`asyncinfer.local.event_source`). ``tests/infra/test_topology_parity.py`` compares the CDK
-template with what the local stack creates on the emulator.
+(``infra/components/storage.py``, ``messaging.py``, ``webhooks.py``, ``batches.py``,
+``infra/stack.py``) and the local stack (:mod:`asyncinfer.local.resources`,
+:mod:`asyncinfer.webhooks.queues`, :mod:`asyncinfer.openai_api.queues`,
+:mod:`asyncinfer.local.stack`, :mod:`asyncinfer.local.event_source`).
+``tests/infra/test_topology_parity.py`` compares the CDK template with what the local stack
+creates on the emulator.
 
 Sources of the rules: SQS developer guide (visibility timeout 0..43200 s, retention up to 14
 days, WaitTimeSeconds 0..20, "Amazon SQS fair queues": the tenant as ``MessageGroupId`` on a
@@ -155,6 +157,12 @@ _QUEUES = (ev.RESOURCE_PREFIX, ev.QUEUE_URL_BASE, ev.MODELS)
 WEBHOOK_DISPATCHER_TIMEOUT_SECONDS = 30
 #: The DLQ handler's default timeout (``dlq_handler_timeout``).
 DLQ_HANDLER_TIMEOUT_SECONDS = 30
+#: The OpenAI batch expander's timeout (:mod:`asyncinfer.openai_api.expansion`: one invocation
+#: expands chunks for all but the last ``RESERVE_SECONDS`` of it).
+BATCH_EXPANDER_TIMEOUT_SECONDS = 300
+#: The OpenAI batch line counter and finalizer's timeout, Lambda's maximum
+#: (:mod:`asyncinfer.openai_api.finalize`: finalization reads every line's job).
+BATCH_COUNTER_TIMEOUT_SECONDS = 900
 
 FUNCTIONS: dict[str, Function] = {
     f.code: f
@@ -218,6 +226,23 @@ FUNCTIONS: dict[str, Function] = {
             needs=_STORE,
             compute="sagemaker",
         ),
+        # OpenAI batches (spec openai.md, "Batches"): one operation (expand, end, check) per
+        # invocation; it submits jobs, so it needs the job queues too.
+        Function(
+            "openai_batches",
+            "asyncinfer-openai-batches",
+            BATCH_EXPANDER_TIMEOUT_SECONDS,
+            (SqsTrigger("batches", batch_size=1),),
+            needs=(*_STORE, *_QUEUES, ev.BATCH_QUEUE_URL, ev.BATCH_EVENTS_QUEUE_URL),
+        ),
+        # Counts the terminal job events of batch lines; finalizes a batch whose lines are done.
+        Function(
+            "openai_batch_counter",
+            "asyncinfer-openai-batch-counter",
+            BATCH_COUNTER_TIMEOUT_SECONDS,
+            (SqsTrigger("batch-events"),),
+            needs=(*_STORE, ev.BATCH_QUEUE_URL, ev.BATCH_EVENTS_QUEUE_URL),
+        ),
     )
 }
 
@@ -232,6 +257,10 @@ class Queue:
     (``ASYNCINFER_VISIBILITY_TIMEOUT`` / ``ASYNCINFER_MAX_RECEIVE_COUNT``). ``dead_letter``: the
     name of its dead-letter queue. ``fair``: messages carry the tenant as ``MessageGroupId``
     (SQS fair queues; :mod:`asyncinfer.jobs.messages`), which needs no queue attribute.
+    ``subscribed_to_events``: subscribed to the events topic with raw message delivery;
+    ``event_types``: the subscription's filter on the ``event_type`` message attribute (empty:
+    every event). ``local_visibility_timeout_seconds``: the one documented difference of the
+    local stack (see :data:`BATCH_LOCAL_VISIBILITY_SECONDS`); ``None``: the same as in AWS.
     """
 
     name: str
@@ -243,6 +272,8 @@ class Queue:
     fair: bool = False
     per_model: bool = False
     subscribed_to_events: bool = False
+    event_types: tuple[str, ...] = ()
+    local_visibility_timeout_seconds: int | None = None
 
     def attributes(
         self,
@@ -250,11 +281,16 @@ class Queue:
         visibility_timeout: int | None = None,
         max_receive_count: int | None = None,
         dlq_arn: str | None = None,
+        local: bool = False,
     ) -> dict[str, str]:
         """The ``CreateQueue`` attributes (strings, as SQS takes them); ``visibility_timeout`` and
         ``max_receive_count`` fill the values this queue leaves to the deployment, ``dlq_arn``
-        is the ARN of :attr:`dead_letter` (required when it is set)."""
+        is the ARN of :attr:`dead_letter` (required when it is set). ``local``: the local
+        stack's attributes (:attr:`local_visibility_timeout_seconds` where set). Raises
+        ``ValueError`` when a value the queue leaves open is not given."""
         visibility = self.visibility_timeout_seconds
+        if local and self.local_visibility_timeout_seconds is not None:
+            visibility = self.local_visibility_timeout_seconds
         if visibility is None:
             visibility = visibility_timeout
         if visibility is None:
@@ -274,7 +310,18 @@ class Queue:
             )
         return attrs
 
+    def subscription_attributes(self) -> dict[str, str]:
+        """The SNS ``Subscribe`` attributes of a queue :attr:`subscribed_to_events`: raw
+        delivery, and the filter policy on ``event_type`` when :attr:`event_types` is set
+        (SNS developer guide, "Amazon SNS message filtering")."""
+        attrs = {"RawMessageDelivery": "true"}
+        if self.event_types:
+            attrs["FilterPolicy"] = json.dumps({EVENT_TYPE_ATTRIBUTE: list(self.event_types)})
+        return attrs
 
+
+#: The message attribute of a job event that subscriptions filter on (asyncinfer.jobs.events).
+EVENT_TYPE_ATTRIBUTE = "event_type"
 #: Job queue retention: longer than the longest job TTL of the spec (259200 s = 3 days).
 JOB_QUEUE_RETENTION_SECONDS = 4 * DAY
 #: The SQS maximum, for dead-letter queues: nothing is lost before triage.
@@ -284,6 +331,19 @@ PRIORITIES = ("normal", "high", "low")
 #: Receives before SQS itself dead-letters a webhook event (a dispatcher that keeps crashing); the
 #: dispatcher moves an event to the DLQ itself once its retry window (24 h) is over.
 WEBHOOK_MAX_RECEIVE_COUNT = 100
+#: Receives of an OpenAI batch operation or batch-line event before SQS dead-letters it.
+BATCH_MAX_RECEIVE_COUNT = 5
+#: The terminal job events, all the batch-events queue's subscription lets through.
+TERMINAL_JOB_EVENTS = ("job.succeeded", "job.failed", "job.cancelled", "job.expired")
+#: The batch queues' visibility timeout on the local stack, seconds (AWS: six times the
+#: consumer's timeout, 30 and 90 minutes). There a record failed by the expander or the counter
+#: (``LinesNotVisible``: a line's event before its line record) comes back only when the
+#: timeout ends, which a laptop user or an e2e test cannot wait for. The local stack invokes
+#: each queue's handler one batch at a time and deletes or releases the batch before receiving
+#: again, with the local Lambda runtime's 30 s timeout (:mod:`asyncinfer.local.lambda_runtime`),
+#: so a record is never received twice while an invocation still holds it, and the timeout is
+#: only the retry delay. ``tests/infra/test_topology_parity.py`` allows this difference only.
+BATCH_LOCAL_VISIBILITY_SECONDS = 60
 
 QUEUES: dict[str, Queue] = {
     q.name: q
@@ -316,5 +376,29 @@ QUEUES: dict[str, Queue] = {
             subscribed_to_events=True,
         ),
         Queue("webhooks-dlq", DLQ_RETENTION_SECONDS, 30),
+        # OpenAI batch operations (expand, end, check); six times the expander's timeout.
+        # Retention: the SQS maximum (a check may wait in the queue for a long batch).
+        Queue(
+            "batches",
+            DLQ_RETENTION_SECONDS,
+            6 * BATCH_EXPANDER_TIMEOUT_SECONDS,
+            dead_letter="batches-dlq",
+            max_receive_count=BATCH_MAX_RECEIVE_COUNT,
+            local_visibility_timeout_seconds=BATCH_LOCAL_VISIBILITY_SECONDS,
+        ),
+        Queue("batches-dlq", DLQ_RETENTION_SECONDS, 30),
+        # The terminal job events (raw delivery, filtered), the counter's input; six times its
+        # timeout.
+        Queue(
+            "batch-events",
+            DLQ_RETENTION_SECONDS,
+            6 * BATCH_COUNTER_TIMEOUT_SECONDS,
+            dead_letter="batch-events-dlq",
+            max_receive_count=BATCH_MAX_RECEIVE_COUNT,
+            subscribed_to_events=True,
+            event_types=TERMINAL_JOB_EVENTS,
+            local_visibility_timeout_seconds=BATCH_LOCAL_VISIBILITY_SECONDS,
+        ),
+        Queue("batch-events-dlq", DLQ_RETENTION_SECONDS, 30),
     )
 }

@@ -20,10 +20,9 @@ from asyncinfer.webhooks.secrets import create_secrets_key
 
 #: SQS message retention, seconds: longer than the largest job TTL (259200 s), as in AWS.
 MESSAGE_RETENTION_SECONDS = topology.JOB_QUEUE_RETENTION_SECONDS
-#: Visibility timeout of the batch queues on the emulator, seconds: longer than an expander
-#: invocation there (30 s), and a failed batch operation or count comes back within a minute
-#: (AWS: six times the consumer's timeout, openai_api.queues).
-BATCH_LOCAL_VISIBILITY = 60
+#: Visibility timeout of the batch queues on the emulator, seconds: the topology's one
+#: documented local override (AWS: six times the consumer's timeout).
+BATCH_LOCAL_VISIBILITY = topology.BATCH_LOCAL_VISIBILITY_SECONDS
 
 
 @dataclass
@@ -163,7 +162,7 @@ def create_resources(
     # The webhook dispatcher's queue (subscribed to the topic) and its dead-letter queue.
     res.webhook_queue, res.webhook_dlq = create_webhook_queues(sqs, sns, topic_arn, prefix)
     # The OpenAI batch expander's queue and the batch-events queue (subscribed to the topic).
-    batch = create_batch_queues(sqs, sns, topic_arn, prefix, visibility=BATCH_LOCAL_VISIBILITY)
+    batch = create_batch_queues(sqs, sns, topic_arn, prefix, local=True)
     res.batch_queue, res.batch_dlq = batch["queue"], batch["dlq"]
     res.batch_events_queue, res.batch_events_dlq = batch["events"], batch["events_dlq"]
     # The KMS key that encrypts tenants' webhook signing secrets (as in AWS).

@@ -232,12 +232,13 @@ class LocalStack:
         threading.Thread(target=self._dlq_loop, name="dlq", daemon=True).start()
         threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True).start()
         threading.Thread(target=self._webhook_loop, name="webhooks", daemon=True).start()
-        for url, target, name in (
-            (self.resources.batch_queue, BATCH_HANDLER, "batches"),
-            (self.resources.batch_events_queue, BATCH_EVENTS_HANDLER, "batch-events"),
+        for url, target, code in (
+            (self.resources.batch_queue, BATCH_HANDLER, "openai_batches"),
+            (self.resources.batch_events_queue, BATCH_EVENTS_HANDLER, "openai_batch_counter"),
         ):
+            name = topology.FUNCTIONS[code].sqs_trigger().queue
             threading.Thread(
-                target=self._queue_loop, args=(url, target, name), name=name, daemon=True
+                target=self._queue_loop, args=(url, target, name, code), name=name, daemon=True
             ).start()
 
         doc = {
@@ -398,15 +399,17 @@ class LocalStack:
                 log.exception("webhook dispatcher failed")
                 time.sleep(1)
 
-    def _queue_loop(self, url: str, target: str, name: str) -> None:
+    def _queue_loop(self, url: str, target: str, name: str, code: str) -> None:
         """Feed a queue's messages to a Lambda handler as SQS events (the OpenAI batch expander
-        and the batch-line counter), as their event source mappings do in AWS."""
+        and the batch-line counter), as their event source mappings do in AWS, with the batch
+        size of the function ``code``'s trigger in the topology."""
         assert self.pool is not None
         pool = self.pool
         sqs = clients.client("sqs", self.settings)
+        size = topology.FUNCTIONS[code].sqs_trigger().batch_size
         while not self.stop_event.is_set():
             try:
-                pump_once(sqs, url, lambda ev: pool.invoke(target, ev, name))
+                pump_once(sqs, url, lambda ev: pool.invoke(target, ev, name), batch_size=size)
             except Exception:
                 if self.stop_event.is_set():
                     return
