@@ -493,3 +493,33 @@ def test_an_sns_failure_does_not_stop_the_sweep(
     for j in lapsed:
         rec = store.get(j)
         assert rec is not None and rec["status"] == "queued"
+
+
+def test_a_page_of_jobs_that_cannot_be_taken_back_does_not_hide_the_others(
+    lset: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of issue 14: each round read the first page of the running-lease index again and
+    stopped once all of it was seen, so a page of lapsed jobs whose takeover kept failing (an AWS
+    fault, a record it cannot handle) left every lapsed job behind them ``running`` for ever."""
+    store = JobStore(lset)
+    jobs = [submit(lset) for _ in range(3)]
+    t = int(time.time())
+    for n, j in enumerate(jobs):
+        store.transition(j, from_status="queued", to_status="running", increment_attempts=True)
+        # Oldest leases first: the two poison jobs fill the first page.
+        assert store.update_fields(
+            j, status="running", attempts=1, set_fields={LEASE_FIELD: t - 100 + n}
+        )
+    poison, healthy = set(jobs[:2]), jobs[2]
+    real = sweeper._take_back_one
+
+    def take_back_one(store: JobStore, sqs: Any, settings: Settings, job_id: str, e: int) -> Any:
+        if job_id in poison:
+            raise RuntimeError("cannot take this one back")
+        return real(store, sqs, settings, job_id, e)
+
+    monkeypatch.setattr(sweeper, "_take_back_one", take_back_one)
+    # A limit of 2 makes pages of 2 (a real sweep: 100 poison jobs in pages of 100).
+    assert [r["job_id"] for r in sweeper.take_back_lapsed(lset, limit=2)] == [healthy]
+    rec = store.get(healthy)
+    assert rec is not None and rec["status"] == "queued"

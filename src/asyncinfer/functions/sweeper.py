@@ -43,6 +43,9 @@ from asyncinfer.jobs.store import JobStore
 
 log = logging.getLogger("asyncinfer.functions.sweeper")
 
+#: Lapsed jobs read from the running-lease index at a time (one Query page).
+LEASE_PAGE = 100
+
 
 def expire_due(settings: Settings, *, limit: int = 500) -> list[str]:
     """Expire up to ``limit`` queued jobs past their TTL; returns their ids. Each expiry is a
@@ -78,15 +81,16 @@ def take_back_lapsed(settings: Settings, *, limit: int = 500) -> list[dict[str, 
     sqs = clients.client("sqs", settings)
     taken: list[dict[str, Any]] = []
     seen: set[str] = set()
-    while len(taken) < limit:
-        now_epoch = int(time.time())
-        ids = [
-            j
-            for j in store.running_past_lease(now_epoch, limit=min(100, limit - len(taken)))
-            if j not in seen
-        ]
-        if not ids:
-            break
+    now_epoch = int(time.time())
+    start: dict[str, Any] | None = None
+    # One pass over the index, page after page: a page of jobs that cannot be taken back (an
+    # AWS fault, a record the takeover cannot handle) no longer hides the lapsed jobs behind it
+    # (before, each round read the first page again and stopped when all of it was seen).
+    for _ in range(max(1, limit)):
+        page, start = store.running_past_lease_page(
+            now_epoch, limit=min(LEASE_PAGE, limit - len(taken)), start=start
+        )
+        ids = [j for j in page if j not in seen]
         seen.update(ids)
         for job_id in ids:
             try:
@@ -97,6 +101,8 @@ def take_back_lapsed(settings: Settings, *, limit: int = 500) -> list[dict[str, 
             if record is not None:
                 _publish(events, record)
                 taken.append(record)
+        if start is None or len(taken) >= limit:
+            break
     if taken:
         log.info("took back %d running jobs whose lease lapsed", len(taken))
     return taken

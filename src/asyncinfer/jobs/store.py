@@ -109,14 +109,29 @@ class JobStore(BatchWriter):
         """Ids of up to ``limit`` running jobs whose ``lease_expires_epoch`` is before
         ``now_epoch`` (epoch seconds), oldest lease first (the running-lease GSI; eventually
         consistent, so callers re-check with a conditional write)."""
-        resp = self.ddb.query(
-            TableName=self.table,
-            IndexName=RUNNING_INDEX,
-            KeyConditionExpression="running_mark = :m AND lease_expires_epoch < :now",
-            ExpressionAttributeValues={":m": {"S": RUNNING_MARK}, ":now": {"N": str(now_epoch)}},
-            Limit=limit,
-        )
-        return [item["job_id"]["S"] for item in resp.get("Items", [])]
+        return self.running_past_lease_page(now_epoch, limit)[0]
+
+    def running_past_lease_page(
+        self, now_epoch: int, limit: int = 100, start: dict[str, Any] | None = None
+    ) -> tuple[list[str], dict[str, Any] | None]:
+        """:meth:`running_past_lease` one page at a time: ``(ids, next)``, where ``next`` is the
+        GSI key to pass as ``start`` for the following page (``None`` after the last), so a
+        sweep goes past jobs it could not take back instead of reading them again."""
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": RUNNING_INDEX,
+            "KeyConditionExpression": "running_mark = :m AND lease_expires_epoch < :now",
+            "ExpressionAttributeValues": {
+                ":m": {"S": RUNNING_MARK},
+                ":now": {"N": str(now_epoch)},
+            },
+            "Limit": limit,
+        }
+        if start:
+            params["ExclusiveStartKey"] = start
+        resp = self.ddb.query(**params)
+        ids = [item["job_id"]["S"] for item in resp.get("Items", [])]
+        return ids, resp.get("LastEvaluatedKey")
 
     def get(self, job_id: str, *, consistent: bool = True) -> dict[str, Any] | None:
         """The record of ``job_id``, or ``None``."""
