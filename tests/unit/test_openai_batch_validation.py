@@ -144,3 +144,25 @@ def test_windows(window: str, seconds: int) -> None:
 def test_bad_windows(window: str) -> None:
     with pytest.raises(ValueError):
         window_seconds(window)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # nested deeper than the JSON decoder's recursion limit: RecursionError, not ValueError
+        b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": '
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"}",
+        # NaN / Infinity are Python's json extensions, not JSON (RFC 8259)
+        b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
+        b'"body": {"model": "echo", "messages": [], "temperature": NaN}}',
+        b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
+        b'"body": {"model": "echo", "messages": [], "temperature": -Infinity}}',
+    ],
+    ids=["deeply-nested", "nan", "infinity"],
+)
+def test_a_line_that_is_not_json_is_a_line_error_never_an_exception(raw: bytes) -> None:
+    lines, errors = validate_file(raw + b"\n", CHAT, DEPLOYED)
+    assert lines == []
+    assert [(e["line"], e["code"]) for e in errors] == [(1, "invalid_json")]

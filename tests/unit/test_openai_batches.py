@@ -368,3 +368,12 @@ def test_an_end_out_of_time_hands_the_rest_to_another_invocation(
     run_events(settings)
     assert {j["status"] for j in line_jobs(settings, TENANT)} == {"cancelled"}
     assert get(api, out["id"]).status == "cancelled"
+
+
+@pytest.mark.parametrize(
+    "raw", [b"{", b'{"input_file_id": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"]
+)
+def test_a_body_that_is_not_json_is_400_in_openai_shape(api: ApiCaller, raw: bytes) -> None:
+    status, err, _ = api("POST", "/openai/v1/batches", raw=raw)
+    assert status == 400, err
+    assert err["error"]["code"] == "invalid_json"

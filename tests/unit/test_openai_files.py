@@ -311,3 +311,12 @@ def test_the_v1_openapi_document_leaves_the_openai_surface_out(resources: Resour
     status, doc, _ = ApiCaller("tenant-a")("GET", "/v1/openapi.json")
     assert status == 200 and doc["paths"]
     assert all(p.startswith("/v1/") for p in doc["paths"])
+
+
+def test_a_json_body_nested_too_deeply_is_400(client: openai.OpenAI) -> None:
+    from tests.conftest import ApiCaller
+
+    raw = b"[" * 30_000 + b"]" * 30_000  # under the 64 KB JSON cap, deeper than the decoder
+    status, body, _ = ApiCaller("tenant-a")("POST", "/openai/v1/files", raw=raw)
+    assert status == 400 and body["error"]["code"] == "invalid_json"
+    assert list(client.files.list()) == []

@@ -157,8 +157,10 @@ def check_line(raw: bytes, number: int, endpoint: str, deployed: list[str], seen
         LineError: what is wrong, naming the field.
     """
     try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        obj = json.loads(raw, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        # RecursionError: nesting deeper than the decoder's stack (it is not a ValueError, and
+        # escaping here would leave the batch in `validating`); UnicodeDecodeError is a ValueError
         raise LineError("the line is not valid JSON", None, "invalid_json") from None
     if not isinstance(obj, dict):
         raise LineError("the line must be a JSON object", None, "invalid_json")
@@ -198,6 +200,11 @@ def check_line(raw: bytes, number: int, endpoint: str, deployed: list[str], seen
             f"{first.get('message', exc.message)} ({field})", _body_param(endpoint, field)
         ) from None
     return Line(number=number, custom_id=cid, model=model, input=data)
+
+
+def _refuse_constant(name: str) -> Any:
+    """``NaN``, ``Infinity`` and ``-Infinity`` are Python's extensions, not JSON (RFC 8259)."""
+    raise ValueError(f"{name} is not JSON")
 
 
 def _body_param(endpoint: str, field: str) -> str:
