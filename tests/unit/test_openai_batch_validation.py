@@ -12,6 +12,7 @@ from asyncinfer.openai_api.batches import window_seconds
 from asyncinfer.openai_api.validation import (
     CHAT,
     EMBEDDINGS,
+    MAX_ERRORS_BYTES,
     MAX_LINES,
     job_input,
     validate_file,
@@ -144,3 +145,38 @@ def test_windows(window: str, seconds: int) -> None:
 def test_bad_windows(window: str) -> None:
     with pytest.raises(ValueError):
         window_seconds(window)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # nested deeper than the JSON decoder's recursion limit: RecursionError, not ValueError
+        b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": '
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"}",
+        # NaN / Infinity are Python's json extensions, not JSON (RFC 8259)
+        b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
+        b'"body": {"model": "echo", "messages": [], "temperature": NaN}}',
+        b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
+        b'"body": {"model": "echo", "messages": [], "temperature": -Infinity}}',
+    ],
+    ids=["deeply-nested", "nan", "infinity"],
+)
+def test_a_line_that_is_not_json_is_a_line_error_never_an_exception(raw: bytes) -> None:
+    lines, errors = validate_file(raw + b"\n", CHAT, DEPLOYED)
+    assert lines == []
+    assert [(e["line"], e["code"]) for e in errors] == [(1, "invalid_json")]
+
+
+def test_errors_are_bounded_in_bytes_and_count_the_rest() -> None:
+    cid = "\u00e9" * 512  # quoted in each duplicate's message; 6 bytes a character as JSON
+    _, errors = validate_file(jsonl(*[req(cid, model="echo")] * 1001), CHAT, DEPLOYED)
+    listed, last = errors[:-1], errors[-1]
+    assert all(e["code"] == "duplicate" for e in listed) and last["code"] == "too_many_errors"
+    assert len(listed) + int(last["message"].split()[0]) == 1000  # every bad line accounted for
+    assert len(json.dumps(errors)) <= MAX_ERRORS_BYTES + 200
+    huge = {"custom_id": "a", "method": "POST", "url": CHAT, "body": {}, "f" * 100_000: 1}
+    (err,) = validate_file(jsonl(huge), CHAT, DEPLOYED)[1]
+    assert err["param"].startswith("fff") and len(err["param"]) <= 100
+    assert len(err["message"]) <= 300

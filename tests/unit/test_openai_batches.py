@@ -19,6 +19,7 @@ from asyncinfer.local.resources import Resources
 from asyncinfer.openai_api.batch_store import BatchStore
 from asyncinfer.openai_api.expansion import Expander
 from asyncinfer.openai_api.files import FileStore
+from asyncinfer.openai_api.validation import MAX_PARAM_CHARS
 from tests.conftest import ApiCaller
 from tests.unit.batch_helpers import (
     chat_line,
@@ -368,3 +369,29 @@ def test_an_end_out_of_time_hands_the_rest_to_another_invocation(
     run_events(settings)
     assert {j["status"] for j in line_jobs(settings, TENANT)} == {"cancelled"}
     assert get(api, out["id"]).status == "cancelled"
+
+
+@pytest.mark.parametrize(
+    "raw", [b"{", b'{"input_file_id": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"]
+)
+def test_a_body_that_is_not_json_is_400_in_openai_shape(api: ApiCaller, raw: bytes) -> None:
+    status, err, _ = api("POST", "/openai/v1/batches", raw=raw)
+    assert status == 400, err
+    assert err["error"]["code"] == "invalid_json"
+
+
+def test_errors_of_long_bad_lines_fit_the_batch_record(api: ApiCaller, settings: Settings) -> None:
+    # Error messages quote the line's values (custom_id, field names, model): 1,001 duplicates of
+    # a 512-character custom_id, or one field name of 500 KB, made errors larger than a DynamoDB
+    # item (400 KB): the write to `failed` was refused and the batch never ended with its reasons.
+    cid = "x" * 512
+    huge_key = {**chat_line("k"), "k" * 500_000: 1}
+    for lines in ([chat_line(cid)] * 1001, [chat_line("a"), huge_key]):
+        fid = upload(settings, TENANT, lines)
+        _, out = create(api, fid)
+        run_batch_queue(settings)
+        batch = get(api, out["id"])
+        assert batch.status == "failed", batch.status
+        assert batch.errors is not None and batch.errors.data
+        assert batch.errors.data[0].line == 2
+        assert batch.errors.data[0].param in ("custom_id", "k" * (MAX_PARAM_CHARS - 3) + "...")

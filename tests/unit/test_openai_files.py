@@ -311,3 +311,25 @@ def test_the_v1_openapi_document_leaves_the_openai_surface_out(resources: Resour
     status, doc, _ = ApiCaller("tenant-a")("GET", "/v1/openapi.json")
     assert status == 200 and doc["paths"]
     assert all(p.startswith("/v1/") for p in doc["paths"])
+
+
+def test_a_json_body_nested_too_deeply_is_400(client: openai.OpenAI) -> None:
+    from tests.conftest import ApiCaller
+
+    raw = b"[" * 30_000 + b"]" * 30_000  # under the 64 KB JSON cap, deeper than the decoder
+    status, body, _ = ApiCaller("tenant-a")("POST", "/openai/v1/files", raw=raw)
+    assert status == 400 and body["error"]["code"] == "invalid_json"
+    assert list(client.files.list()) == []
+
+
+def test_a_long_multibyte_filename_fits_s3_user_metadata(resources: Resources) -> None:
+    # S3 takes at most 2 KB of user metadata (moto does not check): 255 emoji percent-encode to
+    # 3,060 bytes, and AWS would refuse the PUT (a 500 to the client).
+    settings = get_settings()
+    s3 = clients.client("s3")
+    files = FileStore(s3, settings.bucket)
+    made = files.create("t", b"abc", filename="\U0001f600" * 255, purpose="batch")
+    meta = s3.head_object(Bucket=settings.bucket, Key=file_key("t", made["id"]))["Metadata"]
+    assert sum(len(k) + len(v) for k, v in meta.items()) <= 2048
+    assert made["filename"] == files.get("t", made["id"])["filename"]
+    assert made["filename"].startswith("\U0001f600") and set(made["filename"]) == {"\U0001f600"}

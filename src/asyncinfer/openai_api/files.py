@@ -25,6 +25,10 @@ from asyncinfer.core.ids import new_job_id
 PREFIX = "openai/files"
 #: Objects of one page of :meth:`FileStore.list` read at once (one HEAD each, for the metadata).
 HEAD_CONCURRENCY = 16
+#: Most bytes of the percent-encoded ``filename`` metadata: S3 takes at most 2 KB of user-defined
+#: metadata per object (S3 User Guide, "Working with object metadata"), and 255 characters of
+#: 4-byte UTF-8 encode to 3,060.
+MAX_FILENAME_META_BYTES = 1024
 
 
 class FileObject(TypedDict):
@@ -71,6 +75,7 @@ class FileStore:
 
     def create(self, tenant: str, data: bytes, *, filename: str, purpose: str) -> FileObject:
         """Store ``data`` (bytes) as a new file of ``tenant``; returns its File object."""
+        filename = clip_filename(filename)
         file_id = new_file_id()
         created = int(time.time())
         self.s3.put_object(
@@ -142,6 +147,7 @@ class FileStore:
             raise InvalidRequest(
                 "the upload is empty", [{"field": "input_url", "message": "empty file"}]
             )
+        filename = clip_filename(filename)
         file_id = new_file_id()
         created = int(time.time())
         self.s3.copy_object(
@@ -232,6 +238,17 @@ def _status(err: Exception) -> int:
     meta = getattr(err, "response", {}).get("ResponseMetadata", {})
     code = getattr(err, "response", {}).get("Error", {}).get("Code")
     return 404 if code in ("NoSuchKey", "404", "NotFound") else int(meta.get("HTTPStatusCode", 0))
+
+
+def clip_filename(filename: str) -> str:
+    """The longest prefix of ``filename`` whose percent-encoding (the stored metadata) is at
+    most :data:`MAX_FILENAME_META_BYTES` bytes."""
+    size = 0
+    for i, ch in enumerate(filename):
+        size += len(quote(ch))  # quote() encodes character by character
+        if size > MAX_FILENAME_META_BYTES:
+            return filename[:i]
+    return filename
 
 
 def _quoted(filename: str) -> str:

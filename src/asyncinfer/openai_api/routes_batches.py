@@ -68,7 +68,7 @@ def create_batch() -> Response[dict]:
 def _create() -> dict[str, Any]:
     try:
         body = json.loads(router.current_event.body or "")
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the decoder
         raise InvalidJson("the request body is not valid JSON") from None
     return service().create(_tenant(), parse_request(body))
 

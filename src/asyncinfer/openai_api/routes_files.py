@@ -163,7 +163,7 @@ def _from_upload(body: bytes) -> FileObject:
         raise PayloadTooLarge(f"a JSON body of POST /files is at most {MAX_JSON_BYTES} bytes")
     try:
         data: Any = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the decoder
         raise InvalidJson("the request body is not valid JSON") from None
     try:
         req = FileFromUpload.model_validate(data)

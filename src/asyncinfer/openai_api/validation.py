@@ -40,6 +40,11 @@ MAX_FILE_BYTES = 200 * 1024 * 1024
 MAX_CUSTOM_ID = 512
 #: Most errors listed in a failed batch's ``errors.data`` (the count of the rest is appended).
 MAX_ERRORS = 1000
+#: Most bytes of ``errors.data`` as JSON: it is kept in the batch's DynamoDB item (400 KB in all).
+MAX_ERRORS_BYTES = 100_000
+#: Longest ``message`` and ``param`` of one error, characters: they quote the line's own values
+#: (a custom_id, a field name, a model id), which may be of any length.
+MAX_MESSAGE_CHARS, MAX_PARAM_CHARS = 300, 100
 
 _SAMPLING = ("temperature", "top_p", "seed")
 
@@ -157,8 +162,10 @@ def check_line(raw: bytes, number: int, endpoint: str, deployed: list[str], seen
         LineError: what is wrong, naming the field.
     """
     try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        obj = json.loads(raw, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        # RecursionError: nesting deeper than the decoder's stack (it is not a ValueError, and
+        # escaping here would leave the batch in `validating`); UnicodeDecodeError is a ValueError
         raise LineError("the line is not valid JSON", None, "invalid_json") from None
     if not isinstance(obj, dict):
         raise LineError("the line must be a JSON object", None, "invalid_json")
@@ -200,6 +207,11 @@ def check_line(raw: bytes, number: int, endpoint: str, deployed: list[str], seen
     return Line(number=number, custom_id=cid, model=model, input=data)
 
 
+def _refuse_constant(name: str) -> Any:
+    """``NaN``, ``Infinity`` and ``-Infinity`` are Python's extensions, not JSON (RFC 8259)."""
+    raise ValueError(f"{name} is not JSON")
+
+
 def _body_param(endpoint: str, field: str) -> str:
     """The body field of a job input field (``input.max_new_tokens`` -> ``body.max_tokens``)."""
     name = field.removeprefix("input.").removeprefix("input")
@@ -230,18 +242,33 @@ def validate_file(
     lines: list[Line] = []
     errors: list[dict[str, Any]] = []
     seen: set[str] = set()
+    size, rest = 0, 0
     for number, text in raw:
         try:
             lines.append(check_line(text, number, endpoint, deployed, seen))
         except LineError as exc:
-            errors.append(_err(exc.code, exc.message, exc.param, number))
-    if len(errors) > MAX_ERRORS:
-        rest = len(errors) - MAX_ERRORS
-        errors = [*errors[:MAX_ERRORS], _err("too_many_errors", f"{rest} more lines are invalid")]
+            entry = _err(exc.code, exc.message, exc.param, number)
+            size += len(json.dumps(entry)) + 2
+            if len(errors) < MAX_ERRORS and size <= MAX_ERRORS_BYTES:
+                errors.append(entry)
+            else:
+                rest += 1
+    if rest:
+        errors.append(_err("too_many_errors", f"{rest} more lines are invalid"))
     return lines, errors
 
 
 def _err(
     code: str, message: str, param: str | None = None, line: int | None = None
 ) -> dict[str, Any]:
-    return {"code": code, "message": message, "param": param, "line": line}
+    return {
+        "code": code,
+        "message": _clip(message, MAX_MESSAGE_CHARS),
+        "param": None if param is None else _clip(param, MAX_PARAM_CHARS),
+        "line": line,
+    }
+
+
+def _clip(text: str, most: int) -> str:
+    """``text`` cut to ``most`` characters, ``...`` marking the cut."""
+    return text if len(text) <= most else text[: most - 3] + "..."
