@@ -29,6 +29,7 @@ from aws_cdk import Duration
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_logs as logs
 
+from asyncinfer.core import envvars as ev
 from infra.model_compute import ModelCompute
 
 #: The port the engine serves on inside the task (vLLM's, SGLang's and TGI's images' default
@@ -76,7 +77,7 @@ def add_engine(
     ``worker`` start after the engine is healthy. Returns the engine container."""
     engine = compute.engine
     assert engine is not None and engine.image
-    env = {"ASYNCINFER_MODEL_ID": model, **(environment or {})}
+    env = {ev.ENGINE_MODEL_ID: model, **(environment or {})}
     mounts: list[ecs.MountPoint] = []
     prefixes = compute.weight_prefixes
     if prefixes:
@@ -86,7 +87,7 @@ def add_engine(
         mounts = [
             ecs.MountPoint(container_path=WEIGHTS_DIR, source_volume="weights", read_only=False)
         ]
-        env["ASYNCINFER_WEIGHTS_DIR"] = WEIGHTS_DIR
+        env[ev.ENGINE_WEIGHTS_DIR] = WEIGHTS_DIR
     container = task_def.add_container(
         "engine",
         image=ecs.ContainerImage.from_registry(engine.image),

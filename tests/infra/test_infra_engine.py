@@ -86,7 +86,8 @@ def test_s3_weights_are_copied_to_the_instance_disk_before_the_engine(eng: Synth
         for t in eng.resources("AWS::ECS::TaskDefinition").values()
         if t["Properties"]["ContainerDefinitions"][0]["Command"][-1] == "llama-8b"
     ]
-    (vol,) = td["Properties"]["Volumes"]
+    # The engine's weights volume (beside the worker's instance weight cache, weights-cache).
+    (vol,) = [v for v in td["Properties"]["Volumes"] if v["Name"] == "weights"]
     assert vol["Host"]["SourcePath"] == "/opt/asyncinfer/weights/llama-8b"
 
 

@@ -81,5 +81,11 @@ AWS_DEFAULT_REGION = "AWS_DEFAULT_REGION"
 # AWS SDK credentials the local stack sets for its emulator (read by boto3 only)
 AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
 AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
-#: Names set for the AWS SDK that :class:`~asyncinfer.core.settings.Settings` does not read.
-SDK_ONLY = (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)
+#: Names the CDK app sets on an ``openai-server`` entry's engine container (infra/components/
+#: engine.py) for the engine's own args, not read by our settings: the model id and the folder
+#: the weights were synced to.
+ENGINE_MODEL_ID = "ASYNCINFER_MODEL_ID"
+ENGINE_WEIGHTS_DIR = "ASYNCINFER_WEIGHTS_DIR"
+#: Names set for the AWS SDK, or for an engine container, that
+#: :class:`~asyncinfer.core.settings.Settings` does not read.
+SDK_ONLY = (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ENGINE_MODEL_ID, ENGINE_WEIGHTS_DIR)
