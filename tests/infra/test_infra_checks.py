@@ -70,7 +70,7 @@ def test_lambda_assets_hold_the_package_ulid_and_entry_point(any_mode: Any) -> N
         key = fn["Code"]["S3Key"].split(".")[0]
         folder = any_mode.outdir / dirs[key]
         assert (folder / "app.py").is_file()
-        assert (folder / "asyncinfer" / "store.py").is_file()
+        assert (folder / "asyncinfer" / "jobs" / "store.py").is_file()
         assert (folder / "ulid" / "__init__.py").is_file()
         assert not list(folder.rglob("__pycache__"))
 

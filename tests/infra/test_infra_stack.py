@@ -7,9 +7,12 @@ from typing import Any
 
 from aws_cdk.assertions import Match
 
-from asyncinfer.core import naming
+from asyncinfer.core import naming, topology
 from asyncinfer.core.settings import Settings
 from asyncinfer.models.registry import MODELS
+
+#: The OpenAI batch queues and their dead-letter queues (asyncinfer.core.topology, issue 15).
+_BATCH_QUEUES = sum(1 for name in topology.QUEUES if name.startswith("batch"))
 
 
 def _resolved(env: dict[str, Any]) -> dict[str, str]:
@@ -125,7 +128,9 @@ def test_each_model_has_a_queue_per_priority_class_sharing_one_dlq(any_mode: Any
     redriven = [
         p
         for p in any_mode.props("AWS::SQS::Queue")
-        if "RedrivePolicy" in p and p["RedrivePolicy"]["maxReceiveCount"] != 100
+        if "RedrivePolicy" in p
+        and p["RedrivePolicy"]["maxReceiveCount"] != 100
+        and naming.JOBS_INFIX in p.get("QueueName", "")  # not the OpenAI batch queues
     ]
     targets = {json.dumps(p["RedrivePolicy"]["deadLetterTargetArn"]) for p in redriven}
     assert len(redriven) == 3 * len(models)
@@ -198,8 +203,10 @@ def _completion_failures(s: Any) -> int:
 def test_three_priority_queues_and_one_dlq_per_model(any_mode: Any) -> None:
     queues = any_mode.props("AWS::SQS::Queue")
     # + the webhook queue and its DLQ (+ the completion Lambda's failure destination: issue 14)
-    assert len(queues) == 4 * len(MODELS) + 2 + _completion_failures(any_mode)
+    # + the OpenAI batch queues and their DLQs (issue 15)
+    assert len(queues) == 4 * len(MODELS) + 2 + _completion_failures(any_mode) + _BATCH_QUEUES
     main = [q for q in queues if q.get("RedrivePolicy", {}).get("maxReceiveCount") != 100]
+    main = [q for q in main if naming.JOBS_INFIX in q.get("QueueName", "")]
     main = [q for q in main if "RedrivePolicy" in q]
     assert len(main) == 3 * len(MODELS)
     for q in main:
@@ -213,7 +220,7 @@ def test_three_priority_queues_and_one_dlq_per_model(any_mode: Any) -> None:
 def test_every_queue_policy_denies_plain_http(any_mode: Any) -> None:
     policies = any_mode.props("AWS::SQS::QueuePolicy")
     assert sum(len(p["Queues"]) for p in policies) == (
-        4 * len(MODELS) + 2 + _completion_failures(any_mode)
+        4 * len(MODELS) + 2 + _completion_failures(any_mode) + _BATCH_QUEUES
     )
     for p in policies:
         assert _denies_insecure_transport(p["PolicyDocument"]["Statement"])
@@ -324,7 +331,12 @@ def test_alarms_per_model(any_mode: Any) -> None:
         assert f"{model}: messages in the dead-letter queue" in descriptions
         assert f"{model}: a job waited over 900 s" in descriptions
         assert f"{model}: over 10.0% of jobs failed" in descriptions
-    oldest = [a for a in alarms if a.get("MetricName") == "ApproximateAgeOfOldestMessage"]
+    oldest = [
+        a
+        for a in alarms
+        if a.get("MetricName") == "ApproximateAgeOfOldestMessage"
+        and not a.get("AlarmDescription", "").startswith("OpenAI batches")  # their own alarm
+    ]
     assert oldest and all(a["Threshold"] == 900 for a in oldest)
     any_mode.assertions.resource_count_is("AWS::CloudWatch::Dashboard", 1)
 
