@@ -354,3 +354,15 @@ def test_fork_server_still_importing_stops_when_its_parent_is_killed() -> None:
         assert _gone(server, 5), "the fork server outlived its parent"
     finally:
         parent.kill()
+
+
+def test_the_stacks_event_line_reads_job_and_batch_events() -> None:
+    from asyncinfer.local.stack import event_line
+
+    job = {"id": "job_1", "model": "echo", "attempts": 1, "error": {"code": "timeout"}}
+    line = event_line({"type": "job.failed", "timestamp": "2026-12-01T00:00:00.000Z", "data": job})
+    assert (
+        line == "2026-12-01T00:00:00.000Z job.failed     job_1 model=echo attempts=1 error=timeout"
+    )
+    batch = {"object": "event", "type": "batch.completed", "created_at": 0, "data": {"id": "b_1"}}
+    assert event_line(batch) == "1970-01-01T00:00:00Z batch.completed b_1"

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,22 @@ BATCH_HANDLER = "asyncinfer.openai_api.expansion:lambda_handler"
 BATCH_EVENTS_HANDLER = "asyncinfer.openai_api.finalize:lambda_handler"
 #: Seconds a worker gets between SIGTERM and SIGKILL when the stack stops.
 WORKER_STOP_SECONDS = 9.0
+
+
+def event_line(event: dict[str, Any]) -> str:
+    """The stack's terminal line of one event of the topic: a job event (api.md, "Events":
+    ``{"type", "timestamp", "data": <job>}``) or a batch event (openai.md, "Events": OpenAI's
+    ``{"object": "event", "type", "created_at", "data": {"id"}}``). Raises ``KeyError`` /
+    ``TypeError`` for anything else."""
+    if event.get("object") == "event":
+        when = datetime.fromtimestamp(int(event["created_at"]), tz=UTC)
+        return f"{when.strftime('%Y-%m-%dT%H:%M:%SZ')} {event['type']:<14} {event['data']['id']}"
+    job = event["data"]
+    extra = f" error={job['error'].get('code')}" if job.get("error") else ""
+    return (
+        f"{event['timestamp']} {event['type']:<14} {job['id']} "
+        f"model={job['model']} attempts={job['attempts']}{extra}"
+    )
 
 
 @dataclass(kw_only=True)
@@ -328,13 +345,7 @@ class LocalStack:
         msgs = resp.get("Messages", [])
         for m in msgs:
             try:
-                event = json.loads(m["Body"])
-                job = event["data"]
-                extra = f" error={job['error'].get('code')}" if job.get("error") else ""
-                emit_line(
-                    f"{event['timestamp']} {event['type']:<14} {job['id']} "
-                    f"model={job['model']} attempts={job['attempts']}{extra}"
-                )
+                emit_line(event_line(json.loads(m["Body"])))
             except (ValueError, KeyError, TypeError, AttributeError):
                 log.warning("unreadable event: %.200s", m.get("Body"))
         if msgs:
