@@ -21,7 +21,8 @@ from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from asyncinfer.core.errors import ApiError, InvalidJson, InvalidRequest, NotFound
+from asyncinfer.core.errors import ApiError, NotFound
+from asyncinfer.functions.api.body import request_error
 from asyncinfer.openai_api.errors import from_api_error
 from asyncinfer.openai_api.routes_batches import router as batches_router
 from asyncinfer.openai_api.routes_files import router as files_router
@@ -53,23 +54,7 @@ def on_api_error(exc: ApiError) -> Response:
 
 @app.exception_handler(RequestValidationError)
 def on_validation_error(exc: RequestValidationError) -> Response:
-    errors = list(exc.errors())
-    if any(e.get("type") == "json_invalid" for e in errors):
-        return error_response(InvalidJson("the request body is not valid JSON"))
-    details = []
-    for err in errors:
-        loc = [str(p) for p in err.get("loc", ())]
-        if loc and loc[0] in ("body", "query", "path", "header"):
-            loc = loc[1:]
-        details.append(
-            {
-                "field": ".".join(loc) or "body",
-                "message": err.get("msg", ""),
-                "type": err.get("type"),
-            }
-        )
-    fields = ", ".join(d["field"] for d in details)
-    return error_response(InvalidRequest(f"invalid request: {fields}", details))
+    return error_response(request_error(list(exc.errors())))
 
 
 @app.not_found

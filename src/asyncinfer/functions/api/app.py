@@ -30,15 +30,13 @@ from asyncinfer import __version__
 from asyncinfer.aws import clients
 from asyncinfer.core.errors import (
     ApiError,
-    InvalidJson,
-    InvalidRequest,
     MethodNotAllowed,
     NotFound,
 )
 from asyncinfer.core.observability import instrument, powertools, single
 from asyncinfer.core.settings import get_settings
 from asyncinfer.functions.api import doc
-from asyncinfer.functions.api.body import body_error, normalise
+from asyncinfer.functions.api.body import body_error, normalise, request_error
 from asyncinfer.functions.api.schemas import (
     IDEMPOTENCY_KEY_MAX,
     JOB_ID_PATTERN,
@@ -347,26 +345,7 @@ def on_api_error(exc: ApiError) -> Response:
 
 @app.exception_handler(RequestValidationError)
 def on_validation_error(exc: RequestValidationError) -> Response:
-    errors = list(exc.errors())
-    if any(e.get("type") == "json_invalid" for e in errors):
-        return error_response(InvalidJson("the request body is not valid JSON"))
-    details = []
-    for err in errors:
-        loc = [str(p) for p in err.get("loc", ())]
-        if loc and loc[0] == "header" and len(loc) > 1:
-            # Named as the spec writes the header (Idempotency-Key), as jobs.py names it too.
-            loc = ["-".join(w.capitalize() for w in loc[1].split("-")), *loc[2:]]
-        elif loc and loc[0] in ("body", "query", "path", "header"):
-            loc = loc[1:]
-        details.append(
-            {
-                "field": ".".join(loc) or "body",
-                "message": err.get("msg", ""),
-                "type": err.get("type"),
-            }
-        )
-    fields = ", ".join(d["field"] for d in details)
-    return error_response(InvalidRequest(f"invalid request: {fields}", details))
+    return error_response(request_error(list(exc.errors())))
 
 
 @app.not_found

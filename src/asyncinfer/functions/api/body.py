@@ -8,7 +8,7 @@ import base64
 import json
 from typing import Any
 
-from asyncinfer.core.errors import ApiError, InvalidJson, PayloadTooLarge
+from asyncinfer.core.errors import ApiError, InvalidJson, InvalidRequest, PayloadTooLarge
 
 #: Largest request body the handler takes, bytes. A Lambda proxy request is capped at 6 MB;
 #: larger inputs go through POST /v1/uploads.
@@ -75,3 +75,29 @@ def normalise(event: dict[str, Any]) -> dict[str, Any]:
         }
         event["multiValueHeaders"]["content-type"] = ["application/json"]
     return event
+
+
+def request_error(errors: list[Any]) -> ApiError:
+    """The error of a request that failed the routes' pydantic validation (Powertools'
+    ``RequestValidationError.errors()``): 400 ``invalid_json`` for a body that is not JSON, else
+    422 ``invalid_request`` with one detail per error, ``{"field", "message", "type"}``, the
+    field dotted without its ``body``/``query``/``path``/``header`` prefix and a header named as
+    the spec writes it (``Idempotency-Key``). Used by both surfaces (``/v1``, ``/openai/v1``)."""
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return InvalidJson("the request body is not valid JSON")
+    details = []
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ())]
+        if loc and loc[0] == "header" and len(loc) > 1:
+            loc = ["-".join(w.capitalize() for w in loc[1].split("-")), *loc[2:]]
+        elif loc and loc[0] in ("body", "query", "path", "header"):
+            loc = loc[1:]
+        details.append(
+            {
+                "field": ".".join(loc) or "body",
+                "message": err.get("msg", ""),
+                "type": err.get("type"),
+            }
+        )
+    fields = ", ".join(d["field"] for d in details)
+    return InvalidRequest(f"invalid request: {fields}", details)
