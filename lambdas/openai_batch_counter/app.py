@@ -2,6 +2,6 @@
 batch-events queue (subscribed to the events topic, terminal job events, raw delivery), with
 partial batch responses (ReportBatchItemFailures)."""
 
-from asyncinfer.openai_api.finalize import lambda_handler as handler
+from asyncinfer.openai_api.finalize import handler
 
 __all__ = ["handler"]

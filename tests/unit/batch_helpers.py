@@ -47,9 +47,7 @@ def run_batch_queue(settings: Settings, rounds: int = 50) -> int:
     sqs = clients.client("sqs", settings)
     total = 0
     for _ in range(rounds):
-        n = pump_once(
-            sqs, settings.batch_queue_url, lambda ev: expansion.lambda_handler(ev, None), wait=0
-        )
+        n = pump_once(sqs, settings.batch_queue_url, lambda ev: expansion.handler(ev, None), wait=0)
         if not n:
             break
         total += n
@@ -64,7 +62,7 @@ def run_events(settings: Settings, rounds: int = 200) -> int:
         n = pump_once(
             sqs,
             settings.batch_events_queue_url,
-            lambda ev: finalize.lambda_handler(ev, None),
+            lambda ev: finalize.handler(ev, None),
             wait=0,
         )
         if not n:

@@ -65,8 +65,8 @@ def emit_line(line: str) -> None:
 
 DLQ_HANDLER = "asyncinfer.functions.dlq:handler"
 WEBHOOK_HANDLER = "asyncinfer.functions.webhook_dispatcher:handler"
-BATCH_HANDLER = "asyncinfer.openai_api.expansion:lambda_handler"
-BATCH_EVENTS_HANDLER = "asyncinfer.openai_api.finalize:lambda_handler"
+BATCH_HANDLER = "asyncinfer.openai_api.expansion:handler"
+BATCH_EVENTS_HANDLER = "asyncinfer.openai_api.finalize:handler"
 #: Seconds a worker gets between SIGTERM and SIGKILL when the stack stops.
 WORKER_STOP_SECONDS = 9.0
 

@@ -303,7 +303,7 @@ def _expander() -> Expander:
     return Expander(get_settings())
 
 
-def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """The expander Lambda (SQS event source with ``ReportBatchItemFailures``, batch size 1):
     each record is one operation; one that raises is reported failed and comes back."""
     remaining = getattr(context, "get_remaining_time_in_millis", None)

@@ -205,7 +205,7 @@ def _created(job: dict[str, Any]) -> int:
     return int(parse(stamp).timestamp()) if stamp else int(time.time())
 
 
-def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """The batch counter Lambda, fed by the batch-events queue (an SQS queue subscribed to the
     topic with raw delivery; ``ReportBatchItemFailures``): each terminal job event of a batch
     line counts it; a record that raises (e.g. :class:`LinesNotVisible`) comes back."""
