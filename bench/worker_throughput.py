@@ -311,8 +311,8 @@ def run_worker(
     emulator_cpu = stack.cpu_seconds() - cpu0
     # The last terminal writes (they wait for the next take) and the last partial
     # DeleteMessageBatch belong to these jobs.
-    worker._flush()
-    worker._flush_deletes()
+    worker.journal.flush(force=True)
+    worker.held.flush_deletes()
     counts = stack.counter.snapshot()
     counts.update(api_counts)
     print(f"{name}: the emulator (moto server) used {emulator_cpu:.1f} CPU s of the two cores")
