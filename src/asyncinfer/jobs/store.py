@@ -1,6 +1,7 @@
 """Job records in DynamoDB: the table client, reads and queries (:mod:`asyncinfer.jobs.record`
-holds the table design; :mod:`asyncinfer.jobs.transitions` the writes of a job's status, which
-:class:`JobStore` inherits, with the batched writes of :mod:`asyncinfer.jobs.transact`).
+holds the table design; :mod:`asyncinfer.jobs.writer` the writes of a job's status, which
+:class:`JobStore` inherits, with the batched writes of :mod:`asyncinfer.jobs.transact`; the
+named transitions it applies are :mod:`asyncinfer.jobs.transitions`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ from botocore.exceptions import ClientError
 
 from asyncinfer.aws import clients
 from asyncinfer.core import lifecycle
-from asyncinfer.core.errors import InvalidRequest  # noqa: F401  (raised by decode_cursor; documented)
+from asyncinfer.core.errors import (
+    InvalidRequest,  # noqa: F401  (raised by decode_cursor; documented)
+    TransitionRefused,
+)
 from asyncinfer.core.settings import Settings, get_settings
+from asyncinfer.jobs import transitions
 from asyncinfer.jobs.cursors import decode_cursor, encode_cursor
 from asyncinfer.jobs.record import (
     LEASE_FIELD,
@@ -27,7 +32,7 @@ from asyncinfer.jobs.record import (
     to_item,
 )
 from asyncinfer.jobs.transact import BatchWriter
-from asyncinfer.jobs.transitions import Transition, TransitionOutcome
+from asyncinfer.jobs.update import Transition, TransitionOutcome
 
 __all__ = [
     "LEASE_FIELD",
@@ -91,6 +96,18 @@ class JobStore(BatchWriter):
                 raise
             return False
         return True
+
+    def expire(self, job_id: str) -> dict[str, Any] | None:
+        """``queued -> expired`` (error ``expired``) for a job whose TTL passed in the queue
+        before its first attempt (conditional on ``attempts`` 0: ``expired`` is only for jobs
+        that never started; one handed back after it started is retried or failed by the normal
+        rules). Returns the expired record, or ``None`` when the job was no longer queued for
+        its first attempt (it started, was cancelled or already expired: nothing to do). The
+        caller publishes the event."""
+        try:
+            return self.apply(transitions.expire(job_id))
+        except TransitionRefused:
+            return None
 
     def queued_past_expiry(self, now_epoch: int, limit: int = 100) -> list[str]:
         """Ids of up to ``limit`` queued jobs whose ``expires_epoch`` is at or before

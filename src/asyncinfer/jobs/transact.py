@@ -15,13 +15,8 @@ from asyncinfer.core import lifecycle
 from asyncinfer.core.chunks import chunked
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.jobs.record import LEASE_FIELD, _ser, _to_ddb, from_item
-from asyncinfer.jobs.transitions import (
-    Transition,
-    TransitionOutcome,
-    TransitionWriter,
-    _refused,
-    _update_params,
-)
+from asyncinfer.jobs.update import Transition, TransitionOutcome, _refused, _update_params
+from asyncinfer.jobs.writer import TransitionWriter
 
 T = TypeVar("T")
 
