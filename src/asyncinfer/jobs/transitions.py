@@ -21,7 +21,7 @@ from typing import Any
 from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import JobCancelled, JobExpired, MaxAttempts
 from asyncinfer.core.timeutil import iso, now
-from asyncinfer.jobs.record import LEASE_FIELD
+from asyncinfer.jobs.record import LEASE_FIELD, JobRecord
 from asyncinfer.jobs.update import (
     Transition,
     TransitionOutcome,
@@ -151,7 +151,7 @@ def dead_letter(
     )
 
 
-def takeover(record: dict[str, Any], now_epoch: int, max_attempts: int) -> Transition:
+def takeover(record: JobRecord, now_epoch: int, max_attempts: int) -> Transition:
     """The lease takeover: the transition that takes back ``record`` (a running job whose lease
     lapsed before ``now_epoch``, epoch seconds): to ``cancelled``, ``failed``
     (:class:`~asyncinfer.core.errors.MaxAttempts` once ``attempts`` reached ``max_attempts``) or

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import TransitionRefused
@@ -26,6 +26,7 @@ from asyncinfer.jobs.record import (
     OUTBOX_MARK_FIELD,
     OUTBOX_SINCE_FIELD,
     RUNNING_MARK,
+    JobRecord,
     _deser,
     _from_ddb,
     _ser,
@@ -83,10 +84,10 @@ class Transition:
             if not lifecycle.is_allowed(f, self.to_status):
                 raise ValueError(f"lifecycle does not allow {f} -> {self.to_status}")
 
-    def applied_to(self, record: dict[str, Any]) -> dict[str, Any]:
+    def applied_to(self, record: JobRecord) -> JobRecord:
         """``record`` as this write leaves it: what ``ReturnValues=ALL_NEW`` would give when
         nobody else wrote the item in between."""
-        new = dict(record)
+        new: dict[str, Any] = dict(record)
         new["status"] = self.to_status
         if self.increment_attempts:
             new["attempts"] = int(new.get("attempts") or 0) + 1
@@ -107,9 +108,9 @@ class Transition:
                 new[OUTBOX_FIELD] = left
             else:
                 new.pop(OUTBOX_FIELD, None)
-        return new
+        return cast(JobRecord, new)  # a JobRecord changed by the write's own attributes
 
-    def shows_applied(self, current: dict[str, Any] | None) -> bool:
+    def shows_applied(self, current: JobRecord | None) -> bool:
         """Whether ``current`` already holds this write (its status and every field it sets)."""
         if current is None or current.get("status") != self.to_status or not self.set_fields:
             return False
@@ -193,9 +194,12 @@ def _update_params(t: Transition) -> dict[str, Any]:
     }
 
 
-def _refused(t: Transition, current: dict[str, Any] | None) -> TransitionRefused:
+def _refused(t: Transition, current: JobRecord | None) -> TransitionRefused:
+    """The refusal of ``t`` by the record as it is (``None``: no such job)."""
     got = f"{current['status']} (attempts {current.get('attempts')})" if current else "none"
     at = f" at attempt {t.attempts}" if t.attempts is not None else ""
     return TransitionRefused(
-        f"{t.job_id}: refused {'/'.join(t.froms)} -> {t.to_status}{at}; it is {got}", current
+        f"{t.job_id}: refused {'/'.join(t.froms)} -> {t.to_status}{at}; it is {got}",
+        # The taxonomy's floor holds it as a dict (asyncinfer.jobs.record.refused_record).
+        cast("dict[str, Any] | None", current),
     )

@@ -25,7 +25,7 @@ from botocore.exceptions import ClientError
 
 from asyncinfer.core import lifecycle
 from asyncinfer.core.settings import Settings
-from asyncinfer.jobs.record import LEASE_FIELD, _ser, _to_ddb, from_item
+from asyncinfer.jobs.record import LEASE_FIELD, JobRecord, _ser, _to_ddb, record_from_item
 from asyncinfer.jobs.update import Transition, _refused, _update_params
 
 
@@ -53,7 +53,7 @@ class TransitionWriter:
         set_fields: dict[str, Any] | None = None,
         remove_fields: Iterable[str] = (),
         increment_attempts: bool = False,
-    ) -> dict[str, Any]:
+    ) -> JobRecord:
         """Move ``job_id`` from one of ``from_status`` to ``to_status`` in one conditional write.
 
         Args:
@@ -110,7 +110,7 @@ class TransitionWriter:
             return t
         return replace(t, set_fields={**t.set_fields, LEASE_FIELD: self.lease_until()})
 
-    def apply(self, t: Transition) -> dict[str, Any]:
+    def apply(self, t: Transition) -> JobRecord:
         """:meth:`transition` for a :class:`Transition` already built: the new record, or
         :class:`TransitionRefused` (with the current record) when its condition fails. A start
         takes a lease (:meth:`leased`)."""
@@ -127,8 +127,8 @@ class TransitionWriter:
             if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
             old: dict[str, Any] | None = exc.response.get("Item")  # type: ignore[assignment]
-            raise _refused(t, from_item(old) if old else None) from None
-        return from_item(resp["Attributes"])
+            raise _refused(t, record_from_item(old) if old else None) from None
+        return record_from_item(resp["Attributes"])
 
     def record_delivery(
         self, job_id: str, expression: str, names: dict[str, str], values: dict[str, Any]
