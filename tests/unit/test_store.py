@@ -12,7 +12,7 @@ from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.core.settings import Settings
 from asyncinfer.jobs import transact as transact_module
-from asyncinfer.jobs import transitions as store_module
+from asyncinfer.jobs import writer as store_module
 from asyncinfer.jobs.store import JobStore, Transition
 from tests.unit.helpers import count_calls, new_job
 

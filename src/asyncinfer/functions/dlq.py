@@ -27,6 +27,7 @@ from asyncinfer.core.settings import Settings, get_settings
 from asyncinfer.jobs import transitions
 from asyncinfer.jobs.events import EventPublisher
 from asyncinfer.jobs.messages import JobMessage
+from asyncinfer.jobs.record import JobRecord, refused_record
 from asyncinfer.jobs.store import JobStore
 
 log = logging.getLogger("asyncinfer.functions.dlq")
@@ -42,7 +43,7 @@ class DeadLetterHandler:
 
     def handle(
         self, body: str, receive_count: int | None = None, message_id: str | None = None
-    ) -> dict[str, Any] | None:
+    ) -> JobRecord | None:
         """Fail the job of one dead-lettered message body (``message_id``: its SQS MessageId,
         which SQS keeps when it moves a message to the dead-letter queue).
 
@@ -74,11 +75,11 @@ class DeadLetterHandler:
 
     def _fail(
         self, job_id: str, receive_count: int | None, message_id: str | None
-    ) -> dict[str, Any] | None:
+    ) -> JobRecord | None:
         try:
             return self.store.apply(transitions.dead_letter(job_id, receive_count=receive_count))
         except TransitionRefused as exc:
-            current = exc.current
+            current = refused_record(exc)
         if current is None or current.get("status") != lifecycle.RUNNING:
             status = current and current["status"]
             log.info("dead-lettered job %s needs no change: it is %s", job_id, status)

@@ -51,13 +51,14 @@ from asyncinfer.core.timeutil import iso, now, parse
 from asyncinfer.jobs import outbox, transitions
 from asyncinfer.jobs.leases import take_back
 from asyncinfer.jobs.messages import JobMessage
+from asyncinfer.jobs.record import JobRecord, refused_record
 from asyncinfer.jobs.store import LEASE_FIELD, JobStore
 
 #: SageMaker InvokeEndpointAsync limits, seconds.
 REQUEST_TTL_MIN, REQUEST_TTL_MAX = 60, 21_600
 INVOCATION_TIMEOUT_MIN, INVOCATION_TIMEOUT_MAX = 1, 3_600
 
-Publish = Callable[[dict[str, Any]], Any]
+Publish = Callable[[JobRecord], Any]
 #: Separates the job id and the attempt in an ``InferenceId`` (job ids never contain it).
 _ATTEMPT_SEP = ".a"
 
@@ -217,7 +218,7 @@ class Bridge:
 
     def _start(
         self, job_id: str, input_uri: str, started_at: str, message_id: str | None = None
-    ) -> dict[str, Any] | bool:
+    ) -> JobRecord | bool:
         """``queued -> running`` (step 3). Returns the running record; ``True`` when the message
         needs no submit (acknowledge it); ``False`` when the job runs under a live lease but was
         not invoked yet (another bridge may be invoking it: retry the message later)."""
@@ -233,7 +234,7 @@ class Bridge:
                     )
                 )
             except TransitionRefused as exc:
-                cur = exc.current
+                cur = refused_record(exc)
             if cur is None or cur["status"] != lifecycle.RUNNING:
                 self.log.info("job %s is %s: not submitted", job_id, cur and cur["status"])
                 return True

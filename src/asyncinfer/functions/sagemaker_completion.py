@@ -34,9 +34,10 @@ from asyncinfer.core.observability import instrument, powertools
 from asyncinfer.core.settings import INLINE_OUTPUT_LIMIT_BYTES, Settings
 from asyncinfer.core.timeutil import iso, now, parse
 from asyncinfer.functions.sagemaker_bridge import parse_inference_id
+from asyncinfer.jobs.record import JobRecord
 from asyncinfer.jobs.store import JobStore
 
-Publish = Callable[[dict[str, Any]], Any]
+Publish = Callable[[JobRecord], Any]
 #: Called as ``emit(metric_name, value, unit, model)``.
 Emit = Callable[[str, float, str, str], None]
 

@@ -39,6 +39,7 @@ from asyncinfer.core.settings import Settings, get_settings
 from asyncinfer.jobs import leases, outbox
 from asyncinfer.jobs.events import EventPublisher
 from asyncinfer.jobs.messages import JobMessage
+from asyncinfer.jobs.record import JobRecord
 from asyncinfer.jobs.store import JobStore
 
 log = logging.getLogger("asyncinfer.functions.sweeper")
@@ -72,14 +73,14 @@ def expire_due(settings: Settings, *, limit: int = 500) -> list[str]:
     return expired
 
 
-def take_back_lapsed(settings: Settings, *, limit: int = 500) -> list[dict[str, Any]]:
+def take_back_lapsed(settings: Settings, *, limit: int = 500) -> list[JobRecord]:
     """Take back up to ``limit`` running jobs whose lease lapsed (see the module docstring);
     returns their records after the takeover (``queued``, ``failed`` or ``cancelled``). Each is
     a conditional write, so a job whose worker renewed its lease meanwhile is left alone."""
     store = JobStore(settings)
     events = EventPublisher(settings)
     sqs = clients.client("sqs", settings)
-    taken: list[dict[str, Any]] = []
+    taken: list[JobRecord] = []
     seen: set[str] = set()
     now_epoch = int(time.time())
     start: dict[str, Any] | None = None
@@ -117,7 +118,7 @@ def republish_pending(settings: Settings, *, limit: int = 500) -> int:
     return outbox.republish_due(store, events, settings.outbox_grace_seconds, limit=limit)
 
 
-def _publish(events: EventPublisher, record: dict[str, Any]) -> None:
+def _publish(events: EventPublisher, record: JobRecord) -> None:
     """Publish the event of a transition the sweep wrote; an SNS failure is logged, never
     raised: the write is done, and the sweep goes on with the other jobs (before, one failed
     publish in an SNS outage ended the round, leaving the other lapsed or expired jobs as they
@@ -133,7 +134,7 @@ def _publish(events: EventPublisher, record: dict[str, Any]) -> None:
 
 def _take_back_one(
     store: JobStore, sqs: Any, settings: Settings, job_id: str, now_epoch: int
-) -> dict[str, Any] | None:
+) -> JobRecord | None:
     record = store.get(job_id)
     if record is None or not leases.lease_lapsed(record, now_epoch):
         return None
@@ -148,13 +149,13 @@ def _take_back_one(
     return leases.take_back(store, record, now_epoch, settings)
 
 
-def _message_acknowledged(record: dict[str, Any]) -> bool:
+def _message_acknowledged(record: JobRecord) -> bool:
     """Whether the job's SQS message is gone while it runs: a SageMaker bridge acknowledges it
     once it invoked the endpoint for this attempt (and recorded the ``inference_id``)."""
     return bool(record.get("inference_id"))
 
 
-def message_from_record(record: dict[str, Any]) -> JobMessage:
+def message_from_record(record: JobRecord) -> JobMessage:
     """The job's SQS message rebuilt from its record (the input by ``input_ref``, which the
     SageMaker bridge records for every job it invokes)."""
     return JobMessage(

@@ -16,13 +16,14 @@ from asyncinfer.core.chunks import chunked
 from asyncinfer.core.settings import Settings
 from asyncinfer.core.timeutil import iso, now
 from asyncinfer.jobs import outbox
+from asyncinfer.jobs.record import JobRecord
 from asyncinfer.jobs.view import render_job
 
 if TYPE_CHECKING:
     from asyncinfer.jobs.store import JobStore
 
 
-def event_for(record: dict[str, Any], payloads: PayloadStore | None = None) -> dict[str, Any]:
+def event_for(record: JobRecord, payloads: PayloadStore | None = None) -> dict[str, Any]:
     """The event body for ``record``'s current status."""
     return {
         "type": lifecycle.EVENT_FOR_STATUS[record["status"]],
@@ -61,7 +62,7 @@ class EventPublisher:
             self._store = JobStore(self.settings)
         return self._store
 
-    def _cleared(self, record: dict[str, Any], keys: list[str] | None = None) -> None:
+    def _cleared(self, record: JobRecord, keys: list[str] | None = None) -> None:
         """After a publish: remove the event's keys (``keys``, else those of the record's
         status) from the record's outbox. Never raises."""
         if keys is None:
@@ -71,7 +72,7 @@ class EventPublisher:
         if keys:
             outbox.clear(self.store, record["job_id"], keys)
 
-    def _entry(self, record: dict[str, Any]) -> dict[str, Any]:
+    def _entry(self, record: JobRecord) -> dict[str, Any]:
         event = event_for(record, self.payloads)
         attrs = {
             "event_type": event["type"],
@@ -86,14 +87,14 @@ class EventPublisher:
             },
         }
 
-    def publish(self, record: dict[str, Any], *, keys: list[str] | None = None) -> None:
+    def publish(self, record: JobRecord, *, keys: list[str] | None = None) -> None:
         """Publish the event of ``record``'s current status, then clear it from the record's
         outbox (``keys``: the outbox keys it stands for; default: the record's pending keys of
         that event type). Raises what SNS raises (the event then stays pending)."""
         self.sns.publish(TopicArn=self.settings.topic_arn, **self._entry(record))
         self._cleared(record, keys)
 
-    def publish_many(self, records: list[dict[str, Any]]) -> None:
+    def publish_many(self, records: list[JobRecord]) -> None:
         """Publish the events of ``records`` with PublishBatch: up to 10 entries and 256 KiB a
         call (SNS API reference, "PublishBatch"), then remove them from their records'
         outboxes. Raises if SNS refuses any entry (nothing is cleared then)."""

@@ -26,6 +26,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from asyncinfer.core.errors import Conflict, InvalidRequest
+from asyncinfer.jobs.record import JobRecord
 from asyncinfer.jobs.store import JobStore
 
 #: How long a done idempotency key maps to its job (spec: 24 h), seconds.
@@ -65,7 +66,7 @@ class IdempotencyKeys:
         """The item's ``job_id``: the key never appears in the table as it was sent."""
         return "idem#" + hashlib.sha256(f"{tenant}\0{key}".encode()).hexdigest()
 
-    def claim(self, tenant: str, key: str, digest: str, job_id: str) -> dict[str, Any] | None:
+    def claim(self, tenant: str, key: str, digest: str, job_id: str) -> JobRecord | None:
         """Claim ``key`` for a new job ``job_id``. ``None`` when the caller now holds it (and
         must :meth:`complete` or :meth:`release` it); else the record of the job an earlier
         request with the same body made.

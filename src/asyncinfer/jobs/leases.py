@@ -25,19 +25,17 @@ started (:meth:`JobStore.expire` requires ``attempts`` 0).
 
 from __future__ import annotations
 
-from typing import Any
-
 from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.core.settings import Settings
-from asyncinfer.jobs.record import LEASE_FIELD
+from asyncinfer.jobs.record import LEASE_FIELD, JobRecord
 from asyncinfer.jobs.store import JobStore
 from asyncinfer.jobs.transitions import takeover
 
 __all__ = ["lease_lapsed", "take_back", "takeover"]
 
 
-def lease_lapsed(record: dict[str, Any], now_epoch: int) -> bool:
+def lease_lapsed(record: JobRecord, now_epoch: int) -> bool:
     """Whether ``record`` is a running job whose lease lapsed before ``now_epoch`` (epoch
     seconds). A running record without a lease (written before leases existed) counts as
     lapsed: nobody renews it."""
@@ -48,8 +46,8 @@ def lease_lapsed(record: dict[str, Any], now_epoch: int) -> bool:
 
 
 def take_back(
-    store: JobStore, record: dict[str, Any], now_epoch: int, settings: Settings
-) -> dict[str, Any] | None:
+    store: JobStore, record: JobRecord, now_epoch: int, settings: Settings
+) -> JobRecord | None:
     """Apply :func:`takeover` to ``record`` if its lease lapsed before ``now_epoch``. Returns
     the record after the write (the caller publishes its event), or ``None`` when there was
     nothing to take back: the job is not running, its lease is live, or it moved on meanwhile

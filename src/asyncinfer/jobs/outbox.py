@@ -39,6 +39,7 @@ from asyncinfer.jobs.record import (
     OUTBOX_MARK,
     OUTBOX_MARK_FIELD,
     OUTBOX_SINCE_FIELD,
+    JobRecord,
     event_type_of,
     status_of_event,
 )
@@ -52,7 +53,7 @@ log = logging.getLogger("asyncinfer.outbox")
 _NAMES = {"#ob": OUTBOX_FIELD, "#obm": OUTBOX_MARK_FIELD, "#obs": OUTBOX_SINCE_FIELD}
 
 
-def pending_keys(record: dict[str, Any], event_type: str | None = None) -> list[str]:
+def pending_keys(record: JobRecord, event_type: str | None = None) -> list[str]:
     """The outbox keys of ``record`` (all, or those of ``event_type``)."""
     keys = record.get(OUTBOX_FIELD) or ()
     return sorted(k for k in keys if event_type is None or event_type_of(k) == event_type)
@@ -111,12 +112,12 @@ def due(store: JobStore, before_epoch: int, limit: int = 100) -> list[str]:
     return [item["job_id"]["S"] for item in resp.get("Items", [])]
 
 
-def as_of(record: dict[str, Any], key: str) -> dict[str, Any]:
+def as_of(record: JobRecord, key: str) -> JobRecord:
     """``record`` as the event of ``key`` shows it: its status set to the event's."""
     return {**record, "status": status_of_event(event_type_of(key))}
 
 
-def disposition(record: dict[str, Any], key: str, now: float) -> str:
+def disposition(record: JobRecord, key: str, now: float) -> str:
     """What the sweeper does with one pending outbox ``key`` of ``record`` at ``now`` (epoch
     seconds): ``"publish"``, ``"leave"`` (a ``job.started`` of the attempt that runs now, under a
     live lease: its worker's) or ``"drop"`` (a ``job.started`` of an attempt handed back since)."""

@@ -23,26 +23,22 @@ Table design (the CDK app and the local stack create it the same way):
 * TTL attribute ``ttl`` (N, epoch seconds): the record is deleted some time after
   ``created + record_retention_seconds`` (DynamoDB TTL; it never runs on the emulator).
 
-Item attributes: ``job_id``, ``tenant``, ``model``, ``status``, ``attempts`` (N: attempts started),
-``priority``, ``created_at`` / ``started_at`` / ``completed_at`` / ``expires_at`` (RFC 3339),
-``timeout_seconds`` (N), ``input_ref`` (S3 URI, only for inputs stored in S3), ``output`` (S, JSON
-text, when at most 64 KB), ``output_ref`` (S3 URI otherwise), ``error`` (M: code, message),
-``progress_tokens`` (N), ``cancel_requested`` (BOOL), ``webhook`` (S, JSON), ``metadata`` (M of S),
-``lease_expires_epoch`` (N, while running), ``inference_id`` (S: the SageMaker request of the
-running attempt, set once the bridge invoked the endpoint), ``message_id`` (S: the SQS message
-the running attempt started from), ``outbox`` (SS: pending events) with ``outbox_mark`` and
-``outbox_since`` (the sparse GSI ``outbox-index``), ``ttl`` (N).
+Item attributes: :class:`JobRecord` lists every attribute a writer writes on a job's item, with
+its unit and its writer (``metadata`` and ``webhook`` are S, JSON text; ``error`` is M of S;
+``outbox`` and ``webhook_delivered`` are SS).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any, TypedDict
+from typing import Any, Final, TypedDict, cast
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
 from asyncinfer.core import lifecycle
+from asyncinfer.core.errors import TransitionRefused
 
 TENANT_INDEX = "tenant-index"
 #: Sparse GSI of the jobs waiting in a queue, by the time their TTL ends (the expiry sweeper's).
@@ -54,7 +50,7 @@ RUNNING_INDEX = "running-lease-index"
 #: Partition key value of that index: set while a job is ``running``, removed when it leaves.
 RUNNING_MARK = "running"
 #: The running job's lease attribute (epoch seconds): past it, the job has no live worker.
-LEASE_FIELD = "lease_expires_epoch"
+LEASE_FIELD: Final = "lease_expires_epoch"
 
 
 class Status(StrEnum):
@@ -78,8 +74,9 @@ _ser = TypeSerializer()
 _deser = TypeDeserializer()
 
 
-def to_item(record: dict[str, Any]) -> dict[str, Any]:
-    """Python dict -> DynamoDB typed item (``None`` values dropped, floats as Decimal)."""
+def to_item(record: Mapping[str, Any]) -> dict[str, Any]:
+    """Python dict (a :class:`JobRecord`, or another item of the table) -> DynamoDB typed item
+    (``None`` values dropped, floats as Decimal)."""
     return {k: _ser.serialize(_to_ddb(v)) for k, v in record.items() if v is not None}
 
 
@@ -115,16 +112,16 @@ def _from_ddb(v: Any) -> Any:
 #: Pending events of the job (SS of event keys, :func:`event_key`): every transition adds its
 #: event's key in the same conditional write, and the publisher removes it once SNS took the
 #: event (:mod:`asyncinfer.jobs.outbox`). Absent when nothing is pending.
-OUTBOX_FIELD = "outbox"
+OUTBOX_FIELD: Final = "outbox"
 #: Sparse GSI of the records with pending events, by the time the oldest one was written (the
 #: sweeper republishes those older than ``Settings.outbox_grace_seconds``).
 OUTBOX_INDEX = "outbox-index"
 #: Partition key of that index: set with the first pending event, removed with the last.
-OUTBOX_MARK_FIELD = "outbox_mark"
+OUTBOX_MARK_FIELD: Final = "outbox_mark"
 #: Its only value.
 OUTBOX_MARK = "pending"
 #: Sort key of that index: epoch seconds of the oldest pending event.
-OUTBOX_SINCE_FIELD = "outbox_since"
+OUTBOX_SINCE_FIELD: Final = "outbox_since"
 
 
 def event_key(status: str, attempts: int | None = None) -> str:
@@ -146,33 +143,121 @@ def status_of_event(event_type: str) -> str:
 
 
 class JobRecord(TypedDict, total=False):
-    """A job record as :func:`from_item` returns it (the attributes of the module docstring;
-    times RFC 3339 text, epochs in seconds, ``outbox`` a sorted list of event keys)."""
+    """A job record: every attribute a writer of the job table writes on a job's item, as
+    :func:`record_from_item` returns it (DynamoDB numbers as ``int``, or ``float`` when not
+    integral; string sets as sorted lists). Times are RFC 3339 text (UTC), epochs whole seconds
+    since 1970, durations seconds. Not every attribute is present on every record
+    (``total=False``): the comments say who writes each one and when.
+    """
 
+    # --------------------------------------------------------------- written by the submit
+    #: ``job_`` + ULID (the partition key).
     job_id: str
+    #: The API key id of the job's owner (``tenant-index`` partition key).
     tenant: str
+    #: The model id (spec models.md).
     model: str
+    #: A :class:`Status` value (``queued``, ``running``, ...); changed only by transitions.
     status: str
+    #: Attempts started (0 while queued for its first attempt; each start adds 1).
     attempts: int
+    #: ``high``, ``normal`` or ``low`` (the queue of its class).
     priority: str
     created_at: str
-    started_at: str
-    completed_at: str
+    #: ``created_at`` + ``ttl_seconds``: a job still queued for its first attempt then expires.
     expires_at: str
+    #: Longest one attempt may run, seconds.
     timeout_seconds: int
-    input_ref: str
-    output: str
-    output_ref: str
-    error: dict[str, str]
-    progress_tokens: int
-    cancel_requested: bool
-    webhook: str
+    #: ``expires_at`` in epoch seconds (``queued-expiry-index`` sort key); while the submit is
+    #: unfinished, ``submitting_until`` instead.
+    expires_epoch: int
+    #: Epoch seconds until which the submit may still send the job's message (removed once it
+    #: did: :meth:`~asyncinfer.jobs.store.JobStore.confirm_submitted`).
+    submitting_until: int
+    #: :data:`QUEUED_MARK` while queued for the first attempt (``queued-expiry-index``).
+    queued_mark: str
+    #: The client's metadata: JSON text of an object of strings (at most 2 KB).
     metadata: str
-    lease_expires_epoch: int
-    inference_id: str
-    message_id: str
-    outbox: list[str]
+    #: The client's webhook: JSON text ``{"url", "events"}``.
+    webhook: str
+    #: S3 URI of the input, when it is not in the message (``inputs/...``, or the client's
+    #: ``input_url``; the SageMaker bridge sets it for every job it invokes).
+    input_ref: str
+    #: Epoch seconds after which DynamoDB TTL deletes the record
+    #: (``created`` + ``record_retention_seconds``).
     ttl: int
+
+    # ------------------------------------------------------------- written by transitions
+    #: When the running attempt started (a start sets it; a hand-back removes it).
+    started_at: str
+    #: When the job became terminal.
+    completed_at: str
+    #: :data:`RUNNING_MARK` while running (``running-lease-index`` partition key).
+    running_mark: str
+    #: The running attempt's lease, epoch seconds (``running-lease-index`` sort key): past it,
+    #: the job has no live worker (:mod:`asyncinfer.jobs.leases`).
+    lease_expires_epoch: int
+    #: The SQS MessageId the running attempt started from (the DLQ handler's tie).
+    message_id: str
+    #: The SageMaker ``InferenceId`` of the running attempt, once the bridge invoked the endpoint.
+    inference_id: str
+    #: The output's JSON text when it is at most 64 KB (a cancelled job's partial output too).
+    output: str
+    #: S3 URI of the output when larger.
+    output_ref: str
+    #: The job error ``{"code", "message"}`` (:mod:`asyncinfer.core.errors`) of a job that failed,
+    #: was cancelled or expired.
+    error: dict[str, str]
+    #: Completion tokens so far (the worker's progress writes) or in the result, tokens.
+    progress_tokens: int
+    #: The job's share of its worker's compute time, seconds (a worker's terminal write).
+    compute_seconds: float
+    #: ``compute_seconds`` at the model's ``price_per_hour``, US dollars.
+    cost_usd: float
+    #: The client asked to cancel the running job (the API's write; the worker stops it).
+    cancel_requested: bool
+    #: Pending events' outbox keys (:func:`event_key`): a string set as written, a sorted list
+    #: as read (:mod:`asyncinfer.jobs.outbox`).
+    outbox: list[str] | set[str]
+    #: :data:`OUTBOX_MARK` while events are pending (``outbox-index``); written only, never read
+    #: back (:func:`record_from_item` leaves it out).
+    outbox_mark: str
+    #: Epoch seconds of the oldest pending event (``outbox-index`` sort key); written only.
+    outbox_since: int
+
+    # ------------------------------------------------------ written by the webhook dispatcher
+    #: ``pending``, ``delivered`` or ``failed``.
+    webhook_status: str
+    #: Delivery attempts made.
+    webhook_attempts: int
+    #: The receiver's last HTTP status (absent when the last attempt got no answer).
+    webhook_last_http_status: int
+    #: The receiver's last answer, at most 1 KB.
+    webhook_last_response: str
+    #: Why the last attempt failed, at most 1 KB (absent when it got an answer).
+    webhook_last_error: str
+    #: When the last attempt was made.
+    webhook_last_attempt_at: str
+    #: ``webhook-id`` of each event delivered (a string set; a sorted list as read).
+    webhook_delivered: list[str]
+    #: The receiver answered 410 Gone: no more deliveries.
+    webhook_gone: bool
+
+
+def record_from_item(item: dict[str, Any]) -> JobRecord:
+    """A job's DynamoDB item -> :class:`JobRecord` (:func:`from_item`): the one conversion of the
+    job layer's reads (``GetItem``, ``Query``, ``BatchGetItem``, ``ALL_NEW`` / ``ALL_OLD``
+    returns), whose items are written by the job layer alone."""
+    # from_item is the table's generic conversion (the OpenAI batch items use it too); a job's
+    # item holds the attributes of JobRecord, numbers already int/float.
+    return cast(JobRecord, from_item(item))
+
+
+def refused_record(exc: TransitionRefused) -> JobRecord | None:
+    """The job record a refused transition found (``exc.current``; ``None``: no such job). The
+    error taxonomy's floor knows no :class:`JobRecord`, so the exception holds it as a dict; the
+    job layer builds every refusal of a job's write from :func:`record_from_item`."""
+    return cast("JobRecord | None", exc.current)
 
 
 #: Attributes only the outbox index reads (written by transitions, never returned as record).

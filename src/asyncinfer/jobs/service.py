@@ -36,7 +36,9 @@ from asyncinfer.jobs.record import (
     OUTBOX_MARK_FIELD,
     OUTBOX_SINCE_FIELD,
     QUEUED_MARK,
+    JobRecord,
     event_key,
+    refused_record,
 )
 from asyncinfer.jobs.store import JobStore
 from asyncinfer.jobs.view import render_job
@@ -148,7 +150,7 @@ class JobService:
         wake_on_submit(self.settings, req.model)  # 0 -> 1 at once; cached, never raises
         return render_job(record, self.payloads), True
 
-    def _publish(self, record: dict[str, Any]) -> None:
+    def _publish(self, record: JobRecord) -> None:
         """Publish the event of a transition this service wrote. A failure is logged, never
         raised (the write is done; a 500 would make the client retry what succeeded): the event
         stays in the record's outbox and the sweeper publishes it
@@ -162,13 +164,11 @@ class JobService:
                 record["job_id"],
             )
 
-    def _build(
-        self, tenant: str, req: JobRequest, job_id: str
-    ) -> tuple[dict[str, Any], JobMessage]:
+    def _build(self, tenant: str, req: JobRequest, job_id: str) -> tuple[JobRecord, JobMessage]:
         """The new job's record and message (without its input)."""
         created = now()
         expires = created + timedelta(seconds=req.ttl_seconds)
-        record: dict[str, Any] = {
+        record: JobRecord = {
             "job_id": job_id,
             "tenant": tenant,
             "model": req.model,
@@ -178,8 +178,6 @@ class JobService:
             "created_at": iso(created),
             "expires_at": iso(expires),
             "timeout_seconds": req.timeout_seconds,
-            "metadata": json.dumps(req.metadata) if req.metadata else None,
-            "webhook": json.dumps(req.webhook.model_dump(mode="json")) if req.webhook else None,
             "ttl": int(created.timestamp()) + self.settings.record_retention_seconds,
             "expires_epoch": int(expires.timestamp()),
             "queued_mark": QUEUED_MARK,
@@ -188,6 +186,10 @@ class JobService:
             OUTBOX_MARK_FIELD: OUTBOX_MARK,
             OUTBOX_SINCE_FIELD: int(created.timestamp()),
         }
+        if req.metadata:
+            record["metadata"] = json.dumps(req.metadata)
+        if req.webhook:
+            record["webhook"] = json.dumps(req.webhook.model_dump(mode="json"))
         message = JobMessage(
             job_id=job_id,
             tenant=tenant,
@@ -196,13 +198,13 @@ class JobService:
             expires_at=record["expires_at"],
             timeout_seconds=req.timeout_seconds,
             created_at=record["created_at"],
-            metadata=record["metadata"],
-            webhook=record["webhook"],
+            metadata=record.get("metadata"),
+            webhook=record.get("webhook"),
         )
         return record, message
 
     def _write(
-        self, record: dict[str, Any], body: bytes | None, text: str, queue_url: str, group: str
+        self, record: JobRecord, body: bytes | None, text: str, queue_url: str, group: str
     ) -> None:
         """S3 copy of the input (if the message does not carry it), record, message (in the
         tenant's message group ``group``: fair queues, :mod:`asyncinfer.jobs.messages`), in that
@@ -243,13 +245,13 @@ class JobService:
             log.exception("could not take back the failed submit of %s", job_id)
 
     # ------------------------------------------------------------------ read
-    def _record(self, tenant: str, job_id: str) -> dict[str, Any]:
+    def _record(self, tenant: str, job_id: str) -> JobRecord:
         record = self.store.get(job_id) if is_job_id(job_id) else None
         if record is None or record.get("tenant") != tenant:
             raise NotFound(f"job {job_id} not found")
         return self._expire_if_due(record)
 
-    def _expire_if_due(self, record: dict[str, Any]) -> dict[str, Any]:
+    def _expire_if_due(self, record: JobRecord) -> JobRecord:
         """A queued job past its ``expires_at`` becomes ``expired`` when it is read, so that it
         expires even while no worker runs (the worker expires it too when it dequeues it). A job
         handed back after it started (``attempts`` > 0) never expires (issue 14)."""
@@ -313,7 +315,7 @@ class JobService:
                 try:
                     record = self.store.apply(transitions.cancel_queued(job_id))
                 except TransitionRefused as exc:
-                    record = exc.current or record
+                    record = refused_record(exc) or record
                     continue
                 self._publish(record)
                 return render_job(record, self.payloads)

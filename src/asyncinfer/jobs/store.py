@@ -1,6 +1,7 @@
 """Job records in DynamoDB: the table client, reads and queries (:mod:`asyncinfer.jobs.record`
-holds the table design; :mod:`asyncinfer.jobs.transitions` the writes of a job's status, which
-:class:`JobStore` inherits, with the batched writes of :mod:`asyncinfer.jobs.transact`).
+holds the table design; :mod:`asyncinfer.jobs.writer` the writes of a job's status, which
+:class:`JobStore` inherits, with the batched writes of :mod:`asyncinfer.jobs.transact`; the
+named transitions it applies are :mod:`asyncinfer.jobs.transitions`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ from botocore.exceptions import ClientError
 
 from asyncinfer.aws import clients
 from asyncinfer.core import lifecycle
-from asyncinfer.core.errors import InvalidRequest  # noqa: F401  (raised by decode_cursor; documented)
+from asyncinfer.core.errors import (
+    InvalidRequest,  # noqa: F401  (raised by decode_cursor; documented)
+    TransitionRefused,
+)
 from asyncinfer.core.settings import Settings, get_settings
+from asyncinfer.jobs import transitions
 from asyncinfer.jobs.cursors import decode_cursor, encode_cursor
 from asyncinfer.jobs.record import (
     LEASE_FIELD,
@@ -23,11 +28,13 @@ from asyncinfer.jobs.record import (
     RUNNING_INDEX,
     RUNNING_MARK,
     TENANT_INDEX,
+    JobRecord,
     from_item,
+    record_from_item,
     to_item,
 )
 from asyncinfer.jobs.transact import BatchWriter
-from asyncinfer.jobs.transitions import Transition, TransitionOutcome
+from asyncinfer.jobs.update import Transition, TransitionOutcome
 
 __all__ = [
     "LEASE_FIELD",
@@ -36,9 +43,12 @@ __all__ = [
     "RUNNING_INDEX",
     "RUNNING_MARK",
     "TENANT_INDEX",
+    "JobRecord",
     "JobStore",
     "Transition",
     "TransitionOutcome",
+    "from_item",
+    "to_item",
 ]
 
 
@@ -51,7 +61,7 @@ class JobStore(BatchWriter):
         self.ddb = clients.client("dynamodb", self.settings)
 
     # ------------------------------------------------------------------ create and read
-    def create(self, record: dict[str, Any]) -> None:
+    def create(self, record: JobRecord) -> None:
         """Put a new job record; fails if the id exists (``attribute_not_exists``)."""
         self.ddb.put_item(
             TableName=self.table,
@@ -91,6 +101,18 @@ class JobStore(BatchWriter):
                 raise
             return False
         return True
+
+    def expire(self, job_id: str) -> JobRecord | None:
+        """``queued -> expired`` (error ``expired``) for a job whose TTL passed in the queue
+        before its first attempt (conditional on ``attempts`` 0: ``expired`` is only for jobs
+        that never started; one handed back after it started is retried or failed by the normal
+        rules). Returns the expired record, or ``None`` when the job was no longer queued for
+        its first attempt (it started, was cancelled or already expired: nothing to do). The
+        caller publishes the event."""
+        try:
+            return self.apply(transitions.expire(job_id))
+        except TransitionRefused:
+            return None
 
     def queued_past_expiry(self, now_epoch: int, limit: int = 100) -> list[str]:
         """Ids of up to ``limit`` queued jobs whose ``expires_epoch`` is at or before
@@ -133,19 +155,22 @@ class JobStore(BatchWriter):
         ids = [item["job_id"]["S"] for item in resp.get("Items", [])]
         return ids, resp.get("LastEvaluatedKey")
 
-    def get(self, job_id: str, *, consistent: bool = True) -> dict[str, Any] | None:
-        """The record of ``job_id``, or ``None``."""
+    def get(self, job_id: str, *, consistent: bool = True) -> JobRecord | None:
+        """The record of ``job_id``, or ``None``. (The webhook dispatcher reads the OpenAI batch
+        items, ``batch_...``, through it too, as a mapping.)"""
         resp = self.ddb.get_item(
             TableName=self.table, Key={"job_id": {"S": job_id}}, ConsistentRead=consistent
         )
         item = resp.get("Item")
-        return from_item(item) if item else None
+        return record_from_item(item) if item else None
 
-    def get_many(self, job_ids: Iterable[str], attributes: Iterable[str] = ()) -> dict[str, dict]:
+    def get_many(
+        self, job_ids: Iterable[str], attributes: Iterable[str] = ()
+    ) -> dict[str, JobRecord]:
         """Records of ``job_ids`` by id (missing ones absent); BatchGetItem, 100 keys a call.
         ``attributes`` limits what is read (a ProjectionExpression)."""
         ids = list(dict.fromkeys(job_ids))
-        out: dict[str, dict] = {}
+        out: dict[str, JobRecord] = {}
         attrs = list(attributes)
         for i in range(0, len(ids), 100):
             req: dict[str, Any] = {"Keys": [{"job_id": {"S": j}} for j in ids[i : i + 100]]}
@@ -158,7 +183,7 @@ class JobStore(BatchWriter):
                 resp = self.ddb.batch_get_item(RequestItems=pending)
                 items: list[dict[str, Any]] = resp.get("Responses", {}).get(self.table, [])
                 for item in items:
-                    rec = from_item(item)
+                    rec = record_from_item(item)
                     out[rec["job_id"]] = rec
                 pending = resp.get("UnprocessedKeys") or {}
         return out
@@ -171,7 +196,7 @@ class JobStore(BatchWriter):
         cursor: str | None = None,
         status: str | None = None,
         model: str | None = None,
-    ) -> tuple[list[dict[str, Any]], str | None]:
+    ) -> tuple[list[JobRecord], str | None]:
         """A page of ``tenant``'s jobs, newest first, optionally filtered by status and model.
 
         Returns ``(records, next_cursor)``; ``next_cursor`` is opaque
@@ -205,7 +230,7 @@ class JobStore(BatchWriter):
             kwargs["ExpressionAttributeNames"] = names
         # An empty cursor (``?cursor=``) is no cursor: the first page, as before.
         start = decode_cursor(cursor, tenant) if cursor else None
-        records: list[dict[str, Any]] = []
+        records: list[JobRecord] = []
         deadline = time.monotonic() + LIST_TIME_BUDGET_SECONDS
         for _ in range(LIST_MAX_QUERIES):
             # Filters apply after Limit: read whole pages of keys while filtering.
@@ -216,7 +241,7 @@ class JobStore(BatchWriter):
             items = resp.get("Items", [])
             start = resp.get("LastEvaluatedKey")
             for idx, item in enumerate(items):
-                records.append(from_item(item))
+                records.append(record_from_item(item))
                 if len(records) == limit:
                     more = idx < len(items) - 1 or start is not None
                     return records, encode_cursor(item) if more else None

@@ -14,14 +14,15 @@ from botocore.exceptions import ClientError
 from asyncinfer.core import lifecycle
 from asyncinfer.core.chunks import chunked
 from asyncinfer.core.errors import TransitionRefused
-from asyncinfer.jobs.record import LEASE_FIELD, _ser, _to_ddb, from_item
-from asyncinfer.jobs.transitions import (
-    Transition,
-    TransitionOutcome,
-    TransitionWriter,
-    _refused,
-    _update_params,
+from asyncinfer.jobs.record import (
+    LEASE_FIELD,
+    _ser,
+    _to_ddb,
+    record_from_item,
+    refused_record,
 )
+from asyncinfer.jobs.update import Transition, TransitionOutcome, _refused, _update_params
+from asyncinfer.jobs.writer import TransitionWriter
 
 T = TypeVar("T")
 
@@ -98,7 +99,7 @@ class BatchWriter(TransitionWriter):
                 except TransitionRefused as exc:
                     # A call that failed may have committed before its answer was lost: a
                     # refusal by a record that already shows this very write is no refusal.
-                    out[n] = None if t.shows_applied(exc.current) else exc
+                    out[n] = None if t.shows_applied(refused_record(exc)) else exc
                 except Exception as exc:  # the caller decides per job
                     out[n] = exc
         return out
@@ -127,7 +128,7 @@ class BatchWriter(TransitionWriter):
         for (n, t), r in zip(todo, self._send_transaction(items), strict=False):
             if r.get("Code") == "ConditionalCheckFailed":
                 old = r.get("Item")
-                out[n] = _refused(t, from_item(old) if old else None)
+                out[n] = _refused(t, record_from_item(old) if old else None)
             else:  # "None" (not the cause), TransactionConflict, throttling: send it again
                 again.append((n, t))
         return again

@@ -6,6 +6,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from asyncinfer.core.timeutil import parse
+from asyncinfer.jobs.record import JobRecord
 
 if TYPE_CHECKING:
     from asyncinfer.aws.payloads import PayloadStore
@@ -31,7 +32,7 @@ def _metadata(value: Any) -> dict[str, str]:
     return dict(value)
 
 
-def render_job(record: dict[str, Any], payloads: PayloadStore | None = None) -> dict[str, Any]:
+def render_job(record: JobRecord, payloads: PayloadStore | None = None) -> dict[str, Any]:
     """The spec's job object for ``record``.
 
     ``output`` is inline when stored inline; otherwise ``output`` is null and ``output_url`` is a

@@ -27,6 +27,7 @@ from asyncinfer.aws.payloads import PayloadStore
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.core.lifecycle import is_terminal
 from asyncinfer.core.settings import Settings
+from asyncinfer.jobs.record import JobRecord
 from asyncinfer.jobs.store import JobStore
 from asyncinfer.openai_api import batch_store as bs
 from asyncinfer.openai_api.batch_events import publish_batch_event
@@ -190,7 +191,7 @@ def _unexpanded(settings: Settings, record: dict[str, Any], ending: str) -> list
     return out
 
 
-def _output(job: dict[str, Any], payloads: PayloadStore) -> Any:
+def _output(job: JobRecord, payloads: PayloadStore) -> Any:
     if job.get("output"):
         return json.loads(job["output"])
     if job.get("output_ref"):
@@ -198,7 +199,7 @@ def _output(job: dict[str, Any], payloads: PayloadStore) -> Any:
     return None
 
 
-def _created(job: dict[str, Any]) -> int:
+def _created(job: JobRecord) -> int:
     from asyncinfer.core.timeutil import parse
 
     stamp = job.get("completed_at") or job.get("created_at")

@@ -21,6 +21,7 @@ from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.jobs import outbox, transitions
 from asyncinfer.jobs.events import EventPublisher
+from asyncinfer.jobs.record import JobRecord, refused_record
 from asyncinfer.jobs.store import JobStore, Transition
 from asyncinfer.worker.held import HeldMessages
 from asyncinfer.worker.inflight import Held
@@ -31,7 +32,7 @@ log = logging.getLogger("asyncinfer.worker")
 PUBLISH_RETRY_SECONDS = 1.0
 
 #: A buffered event: the record, and the message to delete once the event is out (or ``None``).
-Entry = tuple[dict[str, Any], Held | None]
+Entry = tuple[JobRecord, Held | None]
 
 
 @dataclass
@@ -39,7 +40,7 @@ class Finished:
     """A terminal write waiting for the next take's transaction."""
 
     held: Held
-    before: dict[str, Any]  # the running record
+    before: JobRecord  # the running record
     transition: Transition
     alone: bool  # written alone with UpdateItem; its returned record makes the event
 
@@ -66,7 +67,7 @@ class Journal:
         *,
         lock: threading.RLock,
         visibility_timeout_seconds: float,
-        on_terminal: Callable[[dict[str, Any]], None] | None = None,
+        on_terminal: Callable[[JobRecord], None] | None = None,
     ) -> None:
         self.store = store
         self.publisher = events
@@ -93,7 +94,7 @@ class Journal:
             self.pending_since = time.monotonic()
         self.pending.append(finished)
 
-    def event(self, record: dict[str, Any], *, then_delete: Held | None = None) -> None:
+    def event(self, record: JobRecord, *, then_delete: Held | None = None) -> None:
         """Buffer the event of ``record`` (published with the next batch of events); its
         message ``then_delete`` is queued for deletion only once the event is out."""
         self.events.append((record, then_delete))
@@ -148,7 +149,7 @@ class Journal:
             self._finished(f, outcome)
         return outcomes[len(batched) :]
 
-    def _not_ours(self, f: Finished, current: dict[str, Any] | None) -> None:
+    def _not_ours(self, f: Finished, current: JobRecord | None) -> None:
         """What becomes of the message of a job whose terminal write was refused (the record
         moved on without this worker):
 
@@ -172,15 +173,16 @@ class Journal:
         else:
             self.held.forget(f.held)
 
-    def _finished(self, f: Finished, outcome: Any, new: dict[str, Any] | None = None) -> None:
+    def _finished(self, f: Finished, outcome: Any, new: JobRecord | None = None) -> None:
         """After one terminal write: queue its event and its message's deletion."""
         t = f.transition
         if isinstance(outcome, TransitionRefused):
-            if not t.shows_applied(outcome.current):
+            current = refused_record(outcome)
+            if not t.shows_applied(current):
                 log.warning("%s", outcome)
-                self._not_ours(f, outcome.current)
+                self._not_ours(f, current)
                 return
-            new = outcome.current  # our own write, answered late
+            new = current  # our own write, answered late
         elif outcome is not None:
             # Not written (an AWS fault): the message comes back after its visibility timeout
             # and the next attempt takes over from the job left running.
@@ -242,7 +244,7 @@ class Journal:
                 if held is not None:
                     self.held.delete_later(held)
 
-    def _published(self, record: dict[str, Any]) -> None:
+    def _published(self, record: JobRecord) -> None:
         """After ``record``'s event is out: a ``job.started`` key is left for the job's terminal
         write to clear (the worker's publisher defers those: ``EventPublisher.defer_started``);
         the publisher cleared any other event's keys itself."""

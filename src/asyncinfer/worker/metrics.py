@@ -9,9 +9,9 @@ stays readable."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from asyncinfer.core import job_metrics as jm
+from asyncinfer.jobs.record import JobRecord
 from asyncinfer.jobs.view import render_job
 
 #: job view ``metrics`` key -> job metric name.
@@ -23,7 +23,7 @@ VIEW_METRICS: tuple[tuple[str, str], ...] = (
 )
 
 
-def job_points(record: dict[str, Any]) -> list[tuple[str, float]]:
+def job_points(record: JobRecord) -> list[tuple[str, float]]:
     """The ``(metric name, value)`` pairs of one terminal job record: a count of 1 under
     ``JobsSucceeded`` or ``JobsFailed`` (any other terminal status), then each of
     :data:`VIEW_METRICS` that the job's view has (``None`` values are left out)."""
@@ -37,9 +37,7 @@ def job_points(record: dict[str, Any]) -> list[tuple[str, float]]:
     return points
 
 
-def emit_job_metrics(
-    record: dict[str, Any], *, write: Callable[[str], object] | None = None
-) -> None:
+def emit_job_metrics(record: JobRecord, *, write: Callable[[str], object] | None = None) -> None:
     """Emit the metrics of one terminal job record (:func:`job_points`), one EMF line each
     (:func:`asyncinfer.core.job_metrics.emit`; ``write`` defaults to stdout)."""
     model = record["model"]

@@ -16,6 +16,7 @@ from asyncinfer.aws.payloads import dumps
 from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import JobCancelled, JobError, WorkerStopping
 from asyncinfer.core.settings import INLINE_OUTPUT_LIMIT_BYTES
+from asyncinfer.jobs.record import JobRecord
 from asyncinfer.jobs.transitions import Transition
 
 #: Longest a retryable failure waits before its message is visible again, seconds.
@@ -97,7 +98,7 @@ def cost_fields(compute_seconds: float, price_per_hour: float | None) -> dict[st
 
 def decide(
     result: dict[str, Any] | JobError | WorkerStopping,
-    record: dict[str, Any],
+    record: JobRecord,
     *,
     completed_at: str,
     retry_delay_seconds: float,

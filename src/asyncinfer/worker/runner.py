@@ -83,6 +83,7 @@ from asyncinfer.aws.payloads import PayloadStore
 from asyncinfer.core.settings import Settings
 from asyncinfer.core.timeutil import iso, now
 from asyncinfer.jobs.events import EventPublisher
+from asyncinfer.jobs.record import JobRecord
 from asyncinfer.jobs.store import JobStore
 from asyncinfer.models.base import ModelHandler, Result, WorkItem
 from asyncinfer.models.registry import MODELS, ModelSpec
@@ -146,7 +147,7 @@ class Worker:
         self.protection = ScaleInProtection(settings.ecs_agent_uri, settings.busy_file)
         self.jobs_done = 0
         self.max_jobs: int | None = None
-        self._running: dict[str, tuple[Held, dict[str, Any]]] = {}
+        self._running: dict[str, tuple[Held, JobRecord]] = {}
         # The main loop and the watcher both write records, publish and delete: one at a time
         # (see :mod:`~asyncinfer.worker.journal`).
         lock = threading.RLock()
@@ -347,7 +348,7 @@ class Worker:
 
     # ------------------------------------------------------------------ finishing jobs
     def _conclude(
-        self, held: Held, record: dict[str, Any], result: Result, *, compute_seconds: float = 0.0
+        self, held: Held, record: JobRecord, result: Result, *, compute_seconds: float = 0.0
     ) -> None:
         """Step 5 for one job: requeue it now, or queue its terminal write for the next take
         (at once when it must be written alone or the worker is stopping). ``compute_seconds``:
@@ -370,7 +371,7 @@ class Worker:
                 self.journal.write_pending([])  # its event goes out with the next take's
 
     def _terminal(
-        self, held: Held, record: dict[str, Any], result: Result, compute_seconds: float = 0.0
+        self, held: Held, record: JobRecord, result: Result, compute_seconds: float = 0.0
     ) -> Finished | None:
         """The terminal write of one job's result (the output stored in S3 first when large);
         ``None`` when the job went back to the queue instead."""

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
@@ -29,6 +29,7 @@ from asyncinfer.core.timeutil import iso, now, parse
 from asyncinfer.jobs import transitions
 from asyncinfer.jobs.events import EventPublisher
 from asyncinfer.jobs.messages import JobMessage
+from asyncinfer.jobs.record import JobRecord, refused_record
 from asyncinfer.jobs.store import JobStore, Transition
 from asyncinfer.models.base import WorkItem
 from asyncinfer.models.registry import ModelSpec
@@ -61,7 +62,7 @@ class Started:
     with ``error`` set when its input was refused: the job is to be concluded with it)."""
 
     held: Held
-    record: dict[str, Any]
+    record: JobRecord
     item: WorkItem | None = None
     error: JobError | None = None
 
@@ -132,7 +133,7 @@ class Starter:
             else:
                 alone.append((h, msg))
 
-        marked: list[tuple[Held, JobMessage, dict[str, Any]]] = []
+        marked: list[tuple[Held, JobMessage, JobRecord]] = []
         if not (batched or alone or not self.journal.idle):
             return []  # nothing to write: no wait for the watcher's lock in the decoding loop
         with self.journal.lock:
@@ -198,7 +199,7 @@ class Starter:
             return None
         return msg
 
-    def _work_item(self, held: Held, msg: JobMessage, record: dict[str, Any]) -> Started:
+    def _work_item(self, held: Held, msg: JobMessage, record: JobRecord) -> Started:
         """Step 3 for one started job: read and validate its input (a refused input comes back
         as the :class:`Started`'s ``error``)."""
         try:
@@ -247,7 +248,7 @@ class Starter:
         redelivered: bool = False,
         refused: TransitionRefused | None = None,
         started_at: str | None = None,
-    ) -> dict[str, Any] | None:
+    ) -> JobRecord | None:
         """``queued -> running`` with UpdateItem; recovers a job whose last worker was lost.
         ``None`` when the job is gone, cancelled or finished: its message ``held`` is then
         deleted (after the republished event, if any).
@@ -276,7 +277,7 @@ class Starter:
         redelivered: bool,
         refused: TransitionRefused | None,
         started_at: str | None,
-    ) -> dict[str, Any] | None:
+    ) -> JobRecord | None:
         mine = {started_at} if started_at else set()
         for _ in range(3):
             exc, refused = refused, None
@@ -291,7 +292,7 @@ class Starter:
                     )
                 except TransitionRefused as e:
                     exc = e
-            cur = exc.current
+            cur = refused_record(exc)
             if cur is None or lifecycle.is_terminal(cur["status"]):
                 log.info("job %s is %s: skipping", job_id, cur and cur["status"])
                 if (
@@ -323,7 +324,7 @@ class Starter:
         return None
 
 
-def queued_record(msg: JobMessage) -> dict[str, Any]:
+def queued_record(msg: JobMessage) -> JobRecord:
     """The record of a job waiting for its first attempt, from its message (which carries every
     attribute the job object shows; :mod:`asyncinfer.jobs.messages`)."""
     record: dict[str, Any] = {
@@ -340,4 +341,5 @@ def queued_record(msg: JobMessage) -> dict[str, Any]:
         "webhook": msg.webhook,
         "input_ref": msg.input_ref,
     }
-    return {k: v for k, v in record.items() if v is not None}
+    # The attributes the message lacks (None) are absent from the record, as from the item.
+    return cast(JobRecord, {k: v for k, v in record.items() if v is not None})
