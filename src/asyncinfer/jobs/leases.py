@@ -29,7 +29,7 @@ from typing import Any
 
 from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import TransitionRefused
-from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_needs import TakeoverConfig
 from asyncinfer.jobs.record import LEASE_FIELD
 from asyncinfer.jobs.store import JobStore
 from asyncinfer.jobs.transitions import takeover
@@ -48,7 +48,7 @@ def lease_lapsed(record: dict[str, Any], now_epoch: int) -> bool:
 
 
 def take_back(
-    store: JobStore, record: dict[str, Any], now_epoch: int, settings: Settings
+    store: JobStore, record: dict[str, Any], now_epoch: int, settings: TakeoverConfig
 ) -> dict[str, Any] | None:
     """Apply :func:`takeover` to ``record`` if its lease lapsed before ``now_epoch``. Returns
     the record after the write (the caller publishes its event), or ``None`` when there was

@@ -23,7 +23,7 @@ from botocore.exceptions import ClientError
 
 from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import JobCancelled, JobExpired, MaxAttempts, TransitionRefused
-from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_needs import StoreConfig
 from asyncinfer.core.timeutil import iso, now
 from asyncinfer.jobs.record import (
     LEASE_FIELD,
@@ -45,7 +45,7 @@ class TransitionWriter:
     """The conditional writes of job records (the base of :class:`~asyncinfer.jobs.store.JobStore`,
     which gives it ``settings``, ``table`` and ``ddb``)."""
 
-    settings: Settings
+    settings: StoreConfig
     table: str
     ddb: Any
 
