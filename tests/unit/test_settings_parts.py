@@ -251,3 +251,52 @@ def test_the_openai_batch_functions_work_with_their_part(settings: Settings) -> 
         assert count_event(part, event_for(ended), TENANT)
     record = BatchStore(part).get(batch["id"])
     assert record is not None and record["status"] == "completed"
+
+
+# ---------------------------------------------------------------------------- entry points
+
+
+def test_each_entry_point_builds_its_components_part(
+    resources: Resources, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncinfer.functions import dlq, webhook_dispatcher
+    from asyncinfer.functions.api import app as api_app
+    from asyncinfer.local.lambda_runtime import LocalContext
+    from asyncinfer.openai_api import expansion, routes_batches
+    from asyncinfer.worker import __main__ as worker_main
+    from tests.conftest import reset_caches
+
+    reset_caches()
+    webhook_dispatcher._dispatcher.cache_clear()
+    try:
+        assert type(api_app.service().settings) is ApiSettings
+        assert type(routes_batches.service().settings) is OpenAISettings
+        assert type(expansion._expander().settings) is OpenAISettings
+        assert type(dlq._handler().settings) is DlqSettings
+        assert type(webhook_dispatcher._dispatcher().settings) is WebhookSettings
+        assert type(Bridge.from_env(runtime=Runtime()).settings) is BridgeSettings
+        assert type(Completion.from_env().settings) is CompletionSettings
+    finally:
+        webhook_dispatcher._dispatcher.cache_clear()
+        reset_caches()
+
+    seen: list[type] = []
+    for name, nothing in (("expire_due", []), ("take_back_lapsed", []), ("republish_pending", 0)):
+        monkeypatch.setattr(sweeper, name, lambda s, _r=nothing: seen.append(type(s)) or _r)
+    monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "asyncinfer")
+    monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "true")
+    sweeper.handler({}, LocalContext("sweeper"))
+    assert seen == [SweeperSettings] * 3
+
+    class Stop(Exception):
+        pass
+
+    def fake_worker(settings: Any, model: str, **kw: Any) -> Any:
+        seen.append(type(settings))
+        raise Stop
+
+    monkeypatch.setattr(worker_main, "Worker", fake_worker)
+    monkeypatch.setattr(worker_main.logs, "setup", lambda *a, **k: None)
+    with pytest.raises(Stop):
+        worker_main.main(["--model", "echo"])
+    assert seen[-1] is WorkerSettings
