@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     model = argv[0]
     counter = AwsRequestCounter()
     counter.install()
-    service = JobService(Settings.from_env())
+    service = JobService(Settings.from_env().api)
     service.sqs.list_queues()  # clients built and connected before the window opens
     counter.reset()
     print(json.dumps({"ready": True}), flush=True)

@@ -274,7 +274,7 @@ def run_worker(
             if len(done) == len(jobs):
                 all_done.set()
 
-    worker = TimedWorker(settings, MODEL, handler=handler, max_batch_size=batch)
+    worker = TimedWorker(settings.worker, MODEL, handler=handler, max_batch_size=batch)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     # The API side in a process of its own, as in AWS (the API Lambda) and on the local stack.

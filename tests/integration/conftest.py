@@ -50,7 +50,9 @@ class Env:
 
     def submit(self, model: str, inp: dict[str, Any], **opts: Any) -> str:
         """Submit through the job service (the API's code path) as tenant ``t1``."""
-        job, _ = JobService(self.settings).submit("t1", JobRequest(model=model, input=inp, **opts))
+        job, _ = JobService(self.settings.api).submit(
+            "t1", JobRequest(model=model, input=inp, **opts)
+        )
         return str(job["id"])
 
     def job(self, job_id: str) -> dict[str, Any]:
@@ -116,10 +118,11 @@ def make_env(moto_endpoint: str, clean_env: pytest.MonkeyPatch) -> Callable[...,
 
 
 class WorkerThread:
-    """A real :class:`Worker` running in a thread (signals are the process tests' business)."""
+    """A real :class:`Worker` running in a thread (signals are the process tests' business),
+    given the worker's part of ``settings`` as ``python -m asyncinfer.worker`` gives it."""
 
     def __init__(self, settings: Settings, model: str = "echo", **kwargs: Any) -> None:
-        self.worker = Worker(settings, model, **kwargs)
+        self.worker = Worker(settings.worker, model, **kwargs)
         self.thread = threading.Thread(target=self.worker.run, daemon=True)
 
     def __enter__(self) -> Worker:

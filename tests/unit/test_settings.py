@@ -13,6 +13,10 @@ from asyncinfer.core.errors import ConfigError
 from asyncinfer.core.settings import Settings
 from asyncinfer.core.settings_parts import (
     ApiSettings,
+    BridgeSettings,
+    CompletionSettings,
+    DlqSettings,
+    OpenAISettings,
     ScalingSettings,
     SettingsPart,
     SweeperSettings,
@@ -198,7 +202,17 @@ def test_fields_without_a_variable_are_not_read_from_the_environment() -> None:
     assert s.receive_max_messages == 10 and s.table_name == "" and s.region == "us-east-1"
 
 
-_PARTS = [ApiSettings, WorkerSettings, WebhookSettings, SweeperSettings, ScalingSettings]
+_PARTS = [
+    ApiSettings,
+    WorkerSettings,
+    WebhookSettings,
+    SweeperSettings,
+    ScalingSettings,
+    DlqSettings,
+    BridgeSettings,
+    CompletionSettings,
+    OpenAISettings,
+]
 
 
 @pytest.mark.parametrize("part", _PARTS, ids=[p.__name__ for p in _PARTS])

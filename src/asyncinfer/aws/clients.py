@@ -15,8 +15,8 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from asyncinfer.core.settings import Settings, get_settings
-from asyncinfer.core.settings_parts import AwsPart
+from asyncinfer.core.settings import get_settings
+from asyncinfer.core.settings_needs import AwsConfig
 
 _lock = threading.Lock()
 _cache: dict[tuple[str, str | None, str], Any] = {}
@@ -30,7 +30,7 @@ _CONFIG = Config(
 )
 
 
-def client(service: str, settings: Settings | AwsPart | None = None) -> Any:
+def client(service: str, settings: AwsConfig | None = None) -> Any:
     """A cached boto3 client for ``service`` ("sqs", "dynamodb", "s3", "sns", ...), for the
     endpoint and region of ``settings`` (the whole settings or a component's part; default
     :func:`get_settings`)."""

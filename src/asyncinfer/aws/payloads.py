@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 
 from asyncinfer.aws import clients
 from asyncinfer.core.errors import InvalidInput, TransientError
-from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_needs import PayloadConfig
 
 #: Lifetime of presigned GET URLs for outputs, seconds (spec: "valid 1 h").
 OUTPUT_URL_SECONDS = 3600
@@ -77,7 +77,7 @@ def dumps(data: Any) -> bytes:
 class PayloadStore:
     """Reads and writes job payloads in the bucket of ``settings``."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: PayloadConfig) -> None:
         self.settings = settings
         self.s3 = clients.client("s3", settings)
 

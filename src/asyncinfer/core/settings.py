@@ -4,8 +4,9 @@ Built on pydantic-settings: one field per variable, the variable's name its alia
 themselves live in :mod:`asyncinfer.core.envvars`, which the CDK app and the local stack use to
 set them). A malformed value is a :class:`~asyncinfer.core.errors.ConfigError` naming the
 variable. Each component takes the part it reads (:mod:`asyncinfer.core.settings_parts`:
-``settings.api``, ``.worker``, ``.webhooks``, ``.sweeper``, ``.scaling``). Booleans take
-``1/0``, ``true/false``, ``yes/no``, ``on/off``.
+``settings.api``, ``.worker``, ``.webhooks``, ``.sweeper``, ``.scaling``, ``.dlq``, ``.bridge``,
+``.completion``, ``.openai``); reading the environment is :mod:`asyncinfer.core.settings_env`'s.
+Booleans take ``1/0``, ``true/false``, ``yes/no``, ``on/off``.
 
 Environment variables (all optional unless a component needs the resource):
 
@@ -102,21 +103,26 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
-    EnvSettingsSource,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
 
 from asyncinfer.core import envvars as ev
-from asyncinfer.core import naming
 from asyncinfer.core.errors import ConfigError
+from asyncinfer.core.settings_env import derive, problems, read_env
 from asyncinfer.core.settings_parts import (
     ApiSettings,
+    BridgeSettings,
+    CompletionSettings,
+    DlqSettings,
+    OpenAISettings,
     ScalingSettings,
     SweeperSettings,
     WebhookSettings,
     WorkerSettings,
+    priority_queues_of,
+    queue_url_of,
 )
 
 #: The inline limit of outputs in the job object, bytes of JSON (spec: "at most 64 KB").
@@ -269,9 +275,10 @@ class Settings(BaseSettings):
         else :data:`LEASE_HEARTBEATS` heartbeat intervals, rounded up (at least 1)."""
         return max(1, math.ceil(self.lease_seconds or LEASE_HEARTBEATS * self.heartbeat_interval))
 
+    # The parts (asyncinfer.core.settings_parts): what each component receives.
     @property
     def api(self) -> ApiSettings:
-        """The part the API reads."""
+        """The part the API's ``/v1`` reads."""
         return ApiSettings.of(self)
 
     @property
@@ -294,26 +301,36 @@ class Settings(BaseSettings):
         """The part wake-on-submit and the backlog metric read."""
         return ScalingSettings.of(self)
 
-    def queue_url(self, model: str, priority: str = "normal") -> str:
-        """The SQS queue URL of ``model`` for a priority class.
+    @property
+    def dlq(self) -> DlqSettings:
+        """The part the DLQ handler reads."""
+        return DlqSettings.of(self)
 
-        ``queue_urls`` keys are model ids (the ``normal`` queue) and ``<model>#high`` /
-        ``<model>#low`` for the other classes; a class without its own queue shares the normal
-        one. Raises :class:`ConfigError` if the model has no queue at all.
-        """
-        if priority != "normal" and f"{model}#{priority}" in self.queue_urls:
-            return self.queue_urls[f"{model}#{priority}"]
-        try:
-            return self.queue_urls[model]
-        except KeyError:
-            raise ConfigError(f"no queue configured for model {model!r}") from None
+    @property
+    def bridge(self) -> BridgeSettings:
+        """The part the SageMaker bridge reads."""
+        return BridgeSettings.of(self)
+
+    @property
+    def completion(self) -> CompletionSettings:
+        """The part the SageMaker completion Lambda reads."""
+        return CompletionSettings.of(self)
+
+    @property
+    def openai(self) -> OpenAISettings:
+        """The part the OpenAI surface, the batch expander and the batch-line counter read."""
+        return OpenAISettings.of(self)
+
+    def queue_url(self, model: str, priority: str = "normal") -> str:
+        """The SQS queue URL of ``model`` for a priority class
+        (:func:`~asyncinfer.core.settings_parts.queue_url_of`; :class:`ConfigError` if the model
+        has no queue at all)."""
+        return queue_url_of(self.queue_urls, model, priority)
 
     def priority_queues(self, model: str) -> dict[str, str]:
         """``{priority: queue URL}`` of the classes of ``model`` that have their own queue
         (always ``normal``), highest class first."""
-        out = {"high": self.queue_urls.get(f"{model}#high"), "normal": self.queue_url(model)}
-        out["low"] = self.queue_urls.get(f"{model}#low")
-        return {k: v for k, v in out.items() if v}
+        return priority_queues_of(self.queue_urls, model)
 
     @classmethod
     def env_name(cls, field: str) -> str | None:
@@ -334,78 +351,12 @@ class Settings(BaseSettings):
                 pydantic ``ValidationError`` it wraps is its ``__cause__``).
         """
         env = os.environ if env is None else env
-        raw = _MappingEnvSource(cls, env)()
+        raw = read_env(cls, env)
         try:
             settings = cls(**raw)
         except ValidationError as exc:
-            raise ConfigError("; ".join(_problems(exc))) from exc
-        return _derive(settings, models_given=ev.MODELS in raw)
-
-
-class _MappingEnvSource(EnvSettingsSource):
-    """pydantic-settings' environment source over a given mapping instead of ``os.environ``,
-    reading only fields that name a variable (``validation_alias``)."""
-
-    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
-        self._mapping = env
-        super().__init__(settings_cls, case_sensitive=True, env_ignore_empty=True)
-
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        # Only the variables named by aliases: with ``populate_by_name`` pydantic-settings
-        # would also read a variable spelled like a field (``table_name``).
-        names = _variables()
-        return {k: v for k, v in self._mapping.items() if v != "" and k in names}
-
-
-@lru_cache(maxsize=1)
-def _variables() -> frozenset[str]:
-    """Every environment variable some field of :class:`Settings` reads."""
-    out: set[str] = set()
-    for field in Settings.model_fields.values():
-        alias = field.validation_alias
-        if isinstance(alias, AliasChoices):
-            out.update(c for c in alias.choices if isinstance(c, str))
-        elif isinstance(alias, str):
-            out.add(alias)
-    return frozenset(out)
-
-
-def _problems(exc: ValidationError) -> list[str]:
-    """One line per error of ``exc``: ``VAR='value': why``."""
-    out = []
-    for err in exc.errors():
-        where = str(err["loc"][0]) if err["loc"] else "settings"
-        why = str(err["msg"]).removeprefix("Value error, ")
-        out.append(f"{where}={err['input']!r}: {why}")
-    return out
-
-
-def _derive(settings: Settings, *, models_given: bool) -> Settings:
-    """Fill what the environment leaves to rules: the model list (default: the queue keys that
-    name no priority class) and, with a resource prefix, the queue URLs, ECS service and
-    SageMaker endpoint names from the naming rule (:mod:`asyncinfer.core.naming`).
-
-    Raises:
-        ConfigError: the prefix is set without the models or the queue URL base.
-    """
-    update: dict[str, Any] = {}
-    models = settings.models
-    if not models_given:
-        models = update["models"] = [m for m in settings.queue_urls if "#" not in m]
-    prefix = settings.resource_prefix
-    if prefix:
-        if not models:
-            raise ConfigError(f"{ev.RESOURCE_PREFIX} needs {ev.MODELS}")
-        base = settings.queue_url_base
-        if not settings.queue_urls:
-            if not base.endswith("/"):
-                raise ConfigError(f"{ev.RESOURCE_PREFIX} needs {ev.QUEUE_URL_BASE} ending in '/'")
-            update["queue_urls"] = naming.queue_urls(base, prefix, models)
-        if settings.compute == "ecs" and not settings.ecs_services:
-            update["ecs_services"] = {m: naming.ecs_service_name(prefix, m) for m in models}
-        if settings.compute == "sagemaker" and not settings.sagemaker_endpoints:
-            update["sagemaker_endpoints"] = {m: naming.endpoint_name(prefix, m) for m in models}
-    return settings.model_copy(update=update) if update else settings
+            raise ConfigError("; ".join(problems(exc))) from exc
+        return derive(settings, models_given=ev.MODELS in raw)
 
 
 @lru_cache(maxsize=1)

@@ -176,6 +176,7 @@ FUNCTIONS: dict[str, Function] = {
             (SqsTrigger("jobs-dlq"),),
             timeout_setting="dlq_handler_timeout",
             reserved_setting="dlq_reserved_concurrency",
+            part="dlq",
             needs=(*_STORE, *_QUEUES),
         ),
         Function(
@@ -215,6 +216,7 @@ FUNCTIONS: dict[str, Function] = {
             (SqsTrigger("jobs"),),
             timeout_setting="bridge_timeout",
             reserved_setting="bridge_reserved_concurrency",
+            part="bridge",
             needs=(*_STORE, *_QUEUES, ev.COMPUTE),
             compute="sagemaker",
         ),
@@ -223,6 +225,7 @@ FUNCTIONS: dict[str, Function] = {
             "sagemaker-completion",
             60,
             reserved_setting="completion_reserved_concurrency",
+            part="completion",
             needs=_STORE,
             compute="sagemaker",
         ),
@@ -233,6 +236,7 @@ FUNCTIONS: dict[str, Function] = {
             "asyncinfer-openai-batches",
             BATCH_EXPANDER_TIMEOUT_SECONDS,
             (SqsTrigger("batches", batch_size=1),),
+            part="openai",
             needs=(*_STORE, *_QUEUES, ev.BATCH_QUEUE_URL, ev.BATCH_EVENTS_QUEUE_URL),
         ),
         # Counts the terminal job events of batch lines; finalizes a batch whose lines are done.
@@ -241,6 +245,7 @@ FUNCTIONS: dict[str, Function] = {
             "asyncinfer-openai-batch-counter",
             BATCH_COUNTER_TIMEOUT_SECONDS,
             (SqsTrigger("batch-events"),),
+            part="openai",
             needs=(*_STORE, ev.BATCH_QUEUE_URL, ev.BATCH_EVENTS_QUEUE_URL),
         ),
     )

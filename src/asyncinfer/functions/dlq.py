@@ -23,7 +23,8 @@ from pydantic import ValidationError
 from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.core.observability import instrument, powertools
-from asyncinfer.core.settings import Settings, get_settings
+from asyncinfer.core.settings import get_settings
+from asyncinfer.core.settings_parts import DlqSettings
 from asyncinfer.jobs import transitions
 from asyncinfer.jobs.events import EventPublisher
 from asyncinfer.jobs.messages import JobMessage
@@ -34,9 +35,10 @@ log = logging.getLogger("asyncinfer.functions.dlq")
 
 
 class DeadLetterHandler:
-    """Fails the jobs of dead-lettered messages."""
+    """Fails the jobs of dead-lettered messages (``settings``: the DLQ handler's part,
+    ``Settings.dlq``)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: DlqSettings) -> None:
         self.settings = settings
         self.store = JobStore(settings)
         self.events = EventPublisher(settings)
@@ -110,7 +112,7 @@ class DeadLetterHandler:
 
 @lru_cache(maxsize=1)
 def _handler() -> DeadLetterHandler:
-    return DeadLetterHandler(get_settings())
+    return DeadLetterHandler(get_settings().dlq)
 
 
 processor = BatchProcessor(event_type=EventType.SQS)

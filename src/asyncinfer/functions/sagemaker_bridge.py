@@ -47,6 +47,7 @@ from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.core.observability import instrument, powertools
 from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_parts import BridgeSettings
 from asyncinfer.core.timeutil import iso, now, parse
 from asyncinfer.jobs import outbox, transitions
 from asyncinfer.jobs.leases import take_back
@@ -87,7 +88,7 @@ class Bridge:
     """Submits queued jobs to their model's async endpoint.
 
     Args:
-        settings: table, bucket, topic.
+        settings: the bridge's part (``Settings.bridge``): table, bucket, topic, lease, attempts.
         endpoints: model id -> endpoint name.
         store / payloads / runtime: collaborators (built from ``settings`` when omitted);
             ``runtime`` is a ``sagemaker-runtime`` client.
@@ -99,7 +100,7 @@ class Bridge:
     def __init__(
         self,
         *,
-        settings: Settings,
+        settings: BridgeSettings,
         endpoints: Mapping[str, str],
         store: JobStore | None = None,
         payloads: PayloadStore | None = None,
@@ -128,7 +129,7 @@ class Bridge:
         """Build from the environment (:meth:`Settings.from_env`; the endpoint names are
         ``Settings.sagemaker_endpoints``: ``ASYNCINFER_SAGEMAKER_ENDPOINTS`` where given, else the
         naming rule of :mod:`asyncinfer.core.naming`, as the CDK app names them)."""
-        settings = Settings.from_env()
+        settings = Settings.from_env().bridge
         return cls(settings=settings, endpoints=dict(settings.sagemaker_endpoints), **kwargs)
 
     def handle_sqs_event(self, event: Mapping[str, Any]) -> dict[str, Any]:

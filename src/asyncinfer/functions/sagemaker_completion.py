@@ -32,6 +32,7 @@ from asyncinfer.core import job_metrics, lifecycle
 from asyncinfer.core.errors import JobCancelled, TransitionRefused, job_error
 from asyncinfer.core.observability import instrument, powertools
 from asyncinfer.core.settings import INLINE_OUTPUT_LIMIT_BYTES, Settings
+from asyncinfer.core.settings_parts import CompletionSettings
 from asyncinfer.core.timeutil import iso, now, parse
 from asyncinfer.functions.sagemaker_bridge import parse_inference_id
 from asyncinfer.jobs.record import JobRecord
@@ -75,7 +76,7 @@ class Completion:
     """Finishes jobs from SageMaker notifications.
 
     Args:
-        settings: table, bucket, topic.
+        settings: the completion Lambda's part (``Settings.completion``): table, bucket, topic.
         store / payloads: collaborators (built from ``settings`` when omitted).
         publish: publishes the job event of a record.
         emit: records job metrics (``JobsSucceeded``, ``JobsFailed``, ``RunSeconds``).
@@ -85,7 +86,7 @@ class Completion:
     def __init__(
         self,
         *,
-        settings: Settings,
+        settings: CompletionSettings,
         store: JobStore | None = None,
         payloads: PayloadStore | None = None,
         publish: Publish | None = None,
@@ -107,8 +108,8 @@ class Completion:
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> Completion:
-        """Build from the environment."""
-        return cls(settings=Settings.from_env(), **kwargs)
+        """Build from the environment (its part of :meth:`Settings.from_env`)."""
+        return cls(settings=Settings.from_env().completion, **kwargs)
 
     def handle_sns_event(self, event: Mapping[str, Any]) -> dict[str, Any]:
         """Handle every SNS record of a Lambda event; returns ``{"jobs": {job_id: status}}``."""

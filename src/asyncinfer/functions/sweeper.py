@@ -35,7 +35,8 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from asyncinfer.aws import clients
 from asyncinfer.core import lifecycle
 from asyncinfer.core.observability import instrument, powertools
-from asyncinfer.core.settings import Settings, get_settings
+from asyncinfer.core.settings import get_settings
+from asyncinfer.core.settings_parts import SweeperSettings
 from asyncinfer.jobs import leases, outbox
 from asyncinfer.jobs.events import EventPublisher
 from asyncinfer.jobs.messages import JobMessage
@@ -48,7 +49,7 @@ log = logging.getLogger("asyncinfer.functions.sweeper")
 LEASE_PAGE = 100
 
 
-def expire_due(settings: Settings, *, limit: int = 500) -> list[str]:
+def expire_due(settings: SweeperSettings, *, limit: int = 500) -> list[str]:
     """Expire up to ``limit`` queued jobs past their TTL; returns their ids. Each expiry is a
     conditional ``queued -> expired`` write, so a job that started meanwhile is left alone."""
     store = JobStore(settings)
@@ -73,7 +74,7 @@ def expire_due(settings: Settings, *, limit: int = 500) -> list[str]:
     return expired
 
 
-def take_back_lapsed(settings: Settings, *, limit: int = 500) -> list[JobRecord]:
+def take_back_lapsed(settings: SweeperSettings, *, limit: int = 500) -> list[JobRecord]:
     """Take back up to ``limit`` running jobs whose lease lapsed (see the module docstring);
     returns their records after the takeover (``queued``, ``failed`` or ``cancelled``). Each is
     a conditional write, so a job whose worker renewed its lease meanwhile is left alone."""
@@ -109,7 +110,7 @@ def take_back_lapsed(settings: Settings, *, limit: int = 500) -> list[JobRecord]
     return taken
 
 
-def republish_pending(settings: Settings, *, limit: int = 500) -> int:
+def republish_pending(settings: SweeperSettings, *, limit: int = 500) -> int:
     """Publish again the events still pending in records' outboxes after
     ``Settings.outbox_grace_seconds`` (:func:`asyncinfer.jobs.outbox.republish_due`): events whose
     publish failed, or whose writer died before it published. Returns how many."""
@@ -133,7 +134,7 @@ def _publish(events: EventPublisher, record: JobRecord) -> None:
 
 
 def _take_back_one(
-    store: JobStore, sqs: Any, settings: Settings, job_id: str, now_epoch: int
+    store: JobStore, sqs: Any, settings: SweeperSettings, job_id: str, now_epoch: int
 ) -> JobRecord | None:
     record = store.get(job_id)
     if record is None or not leases.lease_lapsed(record, now_epoch):
@@ -180,7 +181,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The scheduled sweeper Lambda: ``{"expired": <count>, "taken_back": <count>}``; metrics
     ``JobsExpired``, ``LeasesLapsed`` and ``EventsRepublished`` (pending events published
     again)."""
-    settings = get_settings()
+    settings = get_settings().sweeper
     count = len(expire_due(settings))
     metrics.add_metric(name="JobsExpired", unit=MetricUnit.Count, value=count)
     taken = len(take_back_lapsed(settings))

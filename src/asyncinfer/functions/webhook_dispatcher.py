@@ -45,7 +45,8 @@ from botocore.exceptions import ClientError
 
 from asyncinfer.aws import clients
 from asyncinfer.core.observability import instrument, powertools
-from asyncinfer.core.settings import Settings, get_settings
+from asyncinfer.core.settings import get_settings
+from asyncinfer.core.settings_parts import WebhookSettings
 from asyncinfer.core.timeutil import iso, now, parse
 from asyncinfer.functions.api.schemas import TERMINAL_EVENTS
 from asyncinfer.jobs.store import JobStore
@@ -105,11 +106,12 @@ def _first_try(event: dict[str, Any], first_received_ms: int | None) -> float:
 
 
 class WebhookDispatcher:
-    """Delivers one event (an SQS message) per :meth:`handle` call."""
+    """Delivers one event (an SQS message) per :meth:`handle` call (``settings``: the
+    dispatcher's part, ``Settings.webhooks``)."""
 
     def __init__(
         self,
-        settings: Settings,
+        settings: WebhookSettings,
         *,
         sender: WebhookSender | None = None,
         rng: random.Random | None = None,
@@ -354,7 +356,7 @@ def make_handler(dispatcher: Callable[[], WebhookDispatcher]) -> LambdaHandler:
 
 @lru_cache(maxsize=1)
 def _dispatcher() -> WebhookDispatcher:
-    return WebhookDispatcher(get_settings())
+    return WebhookDispatcher(get_settings().webhooks)
 
 
 _handle = make_handler(_dispatcher)

@@ -13,7 +13,7 @@ from asyncinfer.aws import clients
 from asyncinfer.aws.payloads import PayloadStore
 from asyncinfer.core import lifecycle
 from asyncinfer.core.chunks import chunked
-from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_needs import EventsConfig
 from asyncinfer.core.timeutil import iso, now
 from asyncinfer.jobs import outbox
 from asyncinfer.jobs.record import JobRecord
@@ -39,7 +39,7 @@ class EventPublisher:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: EventsConfig,
         payloads: PayloadStore | None = None,
         store: JobStore | None = None,
         *,

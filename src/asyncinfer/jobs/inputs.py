@@ -26,14 +26,14 @@ from ulid import ULID
 
 from asyncinfer.aws.payloads import dumps, json_problem, split_uri
 from asyncinfer.core.errors import InvalidRequest, PayloadTooLarge
-from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_needs import InputsConfig
 from asyncinfer.core.timeutil import iso, now
 
 #: Lifetime of upload URLs and forms, seconds.
 UPLOAD_URL_SECONDS = 3600
 
 
-def check_inline_input(settings: Settings, data: Any) -> bytes:
+def check_inline_input(settings: InputsConfig, data: Any) -> bytes:
     """The stored form (compact UTF-8 JSON) of an inline ``input`` within the limits.
 
     Raises:
@@ -57,7 +57,7 @@ def upload_prefix(tenant: str) -> str:
     return f"uploads/{tenant}/"
 
 
-def _allowed_locations(settings: Settings) -> list[tuple[str, str]]:
+def _allowed_locations(settings: InputsConfig) -> list[tuple[str, str]]:
     """``input_locations`` as ``(bucket, key prefix)``; a prefix always ends in ``/`` so that
     ``bucket/data`` does not also allow ``data-private/``. Entries in the service bucket are
     ignored: it holds every tenant's inputs and outputs, and only ``uploads/<tenant>/`` of it is
@@ -70,7 +70,7 @@ def _allowed_locations(settings: Settings) -> list[tuple[str, str]]:
     return out
 
 
-def check_input_url(settings: Settings, tenant: str, url: str) -> None:
+def check_input_url(settings: InputsConfig, tenant: str, url: str) -> None:
     """Whether ``tenant`` may have a job read ``url``; nothing is read from S3.
 
     Raises:
@@ -102,7 +102,7 @@ def check_input_url(settings: Settings, tenant: str, url: str) -> None:
     )
 
 
-def new_upload(settings: Settings, s3: Any, tenant: str) -> dict[str, Any]:
+def new_upload(settings: InputsConfig, s3: Any, tenant: str) -> dict[str, Any]:
     """The body of ``POST /v1/uploads`` (201).
 
     ``{"upload_url", "input_url", "expires_at"}`` as the spec has it, plus ``max_bytes`` (the

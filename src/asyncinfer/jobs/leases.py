@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import TransitionRefused
-from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_needs import TakeoverConfig
 from asyncinfer.jobs.record import LEASE_FIELD, JobRecord
 from asyncinfer.jobs.store import JobStore
 from asyncinfer.jobs.transitions import takeover
@@ -46,7 +46,7 @@ def lease_lapsed(record: JobRecord, now_epoch: int) -> bool:
 
 
 def take_back(
-    store: JobStore, record: JobRecord, now_epoch: int, settings: Settings
+    store: JobStore, record: JobRecord, now_epoch: int, settings: TakeoverConfig
 ) -> JobRecord | None:
     """Apply :func:`takeover` to ``record`` if its lease lapsed before ``now_epoch``. Returns
     the record after the write (the caller publishes its event), or ``None`` when there was

@@ -22,7 +22,7 @@ from asyncinfer.core.errors import (
     TransitionRefused,
 )
 from asyncinfer.core.ids import is_job_id, new_job_id
-from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_parts import ApiSettings
 from asyncinfer.core.timeutil import iso, now, parse
 from asyncinfer.functions.api.schemas import JobRequest
 from asyncinfer.jobs import transitions
@@ -53,9 +53,13 @@ log = logging.getLogger("asyncinfer.jobs")
 
 
 class JobService:
-    """Job operations for the API. All methods take the caller's ``tenant`` (API key id)."""
+    """Job operations for the API. All methods take the caller's ``tenant`` (API key id).
 
-    def __init__(self, settings: Settings) -> None:
+    ``settings``: the API's part (``Settings.api``): the job table, bucket, topic and queues,
+    the submit limits, the webhook secrets key and, for wake on submit, the scaling part.
+    """
+
+    def __init__(self, settings: ApiSettings) -> None:
         self.settings = settings
         self.store = JobStore(settings)
         self.payloads = PayloadStore(settings)
@@ -147,7 +151,7 @@ class JobService:
             except Exception:
                 log.exception("could not mark the idempotency key of %s done", job_id)
         self._publish(record)
-        wake_on_submit(self.settings, req.model)  # 0 -> 1 at once; cached, never raises
+        wake_on_submit(self.settings.scaling, req.model)  # 0 -> 1 at once; cached, never raises
         return render_job(record, self.payloads), True
 
     def _publish(self, record: JobRecord) -> None:

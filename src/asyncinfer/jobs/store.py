@@ -18,7 +18,8 @@ from asyncinfer.core.errors import (
     InvalidRequest,  # noqa: F401  (raised by decode_cursor; documented)
     TransitionRefused,
 )
-from asyncinfer.core.settings import Settings, get_settings
+from asyncinfer.core.settings import get_settings
+from asyncinfer.core.settings_needs import StoreConfig
 from asyncinfer.jobs import transitions
 from asyncinfer.jobs.cursors import decode_cursor, encode_cursor
 from asyncinfer.jobs.record import (
@@ -53,9 +54,13 @@ __all__ = [
 
 
 class JobStore(BatchWriter):
-    """Reads and conditional writes of job records. Thread-safe (boto3 clients are)."""
+    """Reads and conditional writes of job records. Thread-safe (boto3 clients are).
 
-    def __init__(self, settings: Settings | None = None) -> None:
+    ``settings``: the table, endpoint and lease length (:class:`StoreConfig`: the whole settings
+    or the part of the component that builds the store); default :func:`get_settings`.
+    """
+
+    def __init__(self, settings: StoreConfig | None = None) -> None:
         self.settings = settings or get_settings()
         self.table = self.settings.table_name
         self.ddb = clients.client("dynamodb", self.settings)

@@ -24,7 +24,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from asyncinfer.core import lifecycle
-from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_needs import StoreConfig
 from asyncinfer.jobs.record import LEASE_FIELD, JobRecord, _ser, _to_ddb, record_from_item
 from asyncinfer.jobs.update import Transition, _refused, _update_params
 
@@ -33,7 +33,7 @@ class TransitionWriter:
     """The conditional writes of job records (the base of :class:`~asyncinfer.jobs.store.JobStore`,
     which gives it ``settings``, ``table`` and ``ddb``)."""
 
-    settings: Settings
+    settings: StoreConfig
     table: str
     ddb: Any
 

@@ -3,12 +3,13 @@
 It starts the AWS emulator (moto server) on 127.0.0.1, creates the queues, dead-letter queues,
 table, bucket and topic as the CDK app does, serves the API through :mod:`.gateway` (the same
 Lambda handler, fed API Gateway proxy events), runs worker processes per model, feeds the DLQ
-handler with the SQS events its Lambda would get, and prints one line per job event (read from an
-SQS queue subscribed to the topic, as a user's subscription would). SIGINT or SIGTERM stops every
-process it started within 15 s; workers release their jobs first (:mod:`.shutdown`: what cannot
-finish in time is abandoned, and the stack says what and exits non-zero). Its children stop on
-their own if the stack dies (:mod:`.lifeline`), and a new stack notices a stale one on its state
-directory (:mod:`.stale`).
+handler, the webhook dispatcher and the OpenAI batch functions with the SQS events their Lambdas
+would get and runs the sweeper (:mod:`.feeds`), and prints one line per job event (read from an
+SQS queue subscribed to the topic, as a user's subscription would: :mod:`.event_log`). SIGINT or
+SIGTERM stops every process it started within 15 s; workers release their jobs first
+(:mod:`.shutdown`: what cannot finish in time is abandoned, and the stack says what and exits
+non-zero). Its children stop on their own if the stack dies (:mod:`.lifeline`), and a new stack
+notices a stale one on its state directory (:mod:`.stale`).
 
 Emulator state is in memory: stopping the stack forgets every job.
 """
@@ -25,8 +26,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +33,24 @@ import httpx
 
 from asyncinfer.aws import clients
 from asyncinfer.core import envvars as ev
-from asyncinfer.core import logs, topology
+from asyncinfer.core import logs
 from asyncinfer.core.errors import CatalogueError
 from asyncinfer.core.settings import Settings
-from asyncinfer.functions.sweeper import expire_due, republish_pending, take_back_lapsed
 from asyncinfer.local import shutdown
 from asyncinfer.local.autoscaler import LocalAutoscaler, sqs_queue_counts
 from asyncinfer.local.emulator import start_emulator
-from asyncinfer.local.event_source import pump_once
+from asyncinfer.local.event_log import emit_line, event_line, print_events
 from asyncinfer.local.faults import FAULTS_FILE
+from asyncinfer.local.feeds import (
+    BATCH_EVENTS_HANDLER,
+    BATCH_HANDLER,
+    DLQ_HANDLER,
+    WEBHOOK_HANDLER,
+    start_feeds,
+)
 from asyncinfer.local.gateway import LocalGateway
 from asyncinfer.local.lambda_runtime import LambdaPool
+from asyncinfer.local.options import LocalOptions
 from asyncinfer.local.resources import Resources, create_resources
 from asyncinfer.local.stale import StateDirInUse, check_state_dir, process_record
 from asyncinfer.local.warm import WarmStarter, WorkerProcess, forkserver_available
@@ -53,71 +59,24 @@ from asyncinfer.scaling.policy import ScalingConfig
 
 log = logging.getLogger("asyncinfer.local")
 
+#: Moved to :mod:`.event_log` and :mod:`.feeds`; importable from here as before.
+__all__ = [
+    "BATCH_EVENTS_HANDLER",
+    "BATCH_HANDLER",
+    "DLQ_HANDLER",
+    "WEBHOOK_HANDLER",
+    "LocalOptions",
+    "LocalStack",
+    "emit_line",
+    "event_line",
+    "free_port",
+    "run_local",
+    "wait_http",
+]
 
-def emit_line(line: str) -> None:
-    """Write ``line`` and its newline to stdout in one write, then flush. Workers share this
-    stdout: ``print`` (unbuffered, as under ``PYTHONUNBUFFERED=1``) writes the text and the
-    newline separately, and a worker's log line written in between was glued onto an event
-    line (``... attempts=1`` + ``2026-12-01 ...``), which misled readers of the event log."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
-
-DLQ_HANDLER = "asyncinfer.functions.dlq:handler"
-WEBHOOK_HANDLER = "asyncinfer.functions.webhook_dispatcher:handler"
-BATCH_HANDLER = "asyncinfer.openai_api.expansion:handler"
-BATCH_EVENTS_HANDLER = "asyncinfer.openai_api.finalize:handler"
 #: Seconds a worker gets between SIGTERM and SIGKILL when the stack stops.
 WORKER_STOP_SECONDS = 9.0
-
-
-def event_line(event: dict[str, Any]) -> str:
-    """The stack's terminal line of one event of the topic: a job event (api.md, "Events":
-    ``{"type", "timestamp", "data": <job>}``) or a batch event (openai.md, "Events": OpenAI's
-    ``{"object": "event", "type", "created_at", "data": {"id"}}``). Raises ``KeyError`` /
-    ``TypeError`` for anything else."""
-    if event.get("object") == "event":
-        when = datetime.fromtimestamp(int(event["created_at"]), tz=UTC)
-        return f"{when.strftime('%Y-%m-%dT%H:%M:%SZ')} {event['type']:<14} {event['data']['id']}"
-    job = event["data"]
-    extra = f" error={job['error'].get('code')}" if job.get("error") else ""
-    return (
-        f"{event['timestamp']} {event['type']:<14} {job['id']} "
-        f"model={job['model']} attempts={job['attempts']}{extra}"
-    )
-
-
-@dataclass(kw_only=True)
-class LocalOptions:
-    """Options of ``asyncinfer local`` (spec, "The local stack")."""
-
-    port: int = 8000
-    #: The model catalogue (``--models-file``); default: the one :data:`MODELS` reads (the
-    #: project's ``models.yaml``, or ``ASYNCINFER_MODELS_FILE``). Workers and the API get it
-    #: through ``ASYNCINFER_MODELS_FILE``.
-    models_file: Path | None = None
-    models: list[str] = field(default_factory=lambda: list(MODELS))
-    max_workers: int = 1
-    state_dir: Path = Path(".asyncinfer")
-    extra_keys: list[str] = field(default_factory=list)
-    visibility_timeout: int = 30
-    max_receive_count: int = 3
-    drain_seconds: float = 4.0
-    #: Autoscaling (asyncinfer.scaling.policy): workers per model go between ``min_workers`` and
-    #: ``max_workers``; to ``min_workers`` after ``idle_seconds`` without jobs.
-    min_workers: int = 0
-    idle_seconds: float = 60.0
-    backlog_per_worker: float = 1.0
-    scale_interval: float = 0.5
-    #: ``--max-batch-size`` of each worker (default: the model's).
-    worker_max_batch_size: int | None = None
-    #: Workers' ReceiveMessage WaitTimeSeconds. Short, because a stopping worker waits for its
-    #: last long poll (to release what it returns), and scale-in and Ctrl-C should be quick.
-    worker_receive_wait: int = 2
-    #: Fork workers from a fork server that has imported torch and transformers once
-    #: (:mod:`asyncinfer.local.warm`; ready in ~1 s instead of ~4.5 s); ``False`` starts each as
-    #: a new ``python -m asyncinfer.worker``, as the ECS container does.
-    warm_workers: bool = True
 
 
 def free_port() -> int:
@@ -218,6 +177,8 @@ class LocalStack:
         self.resources = create_resources(settings, opts.models)
         self.env = {**base_env, **self.resources.env()}
         self.settings = Settings.from_env({**os.environ, **self.env})
+        #: What the local autoscaler and the event printer read (queues, the emulator).
+        scaling = self.settings.scaling
 
         self.pool = LambdaPool(self.env, size=8)
         keys = {self.api_key: self.api_key_id, **{v: i for v, i in self.extra.values()}}
@@ -238,25 +199,17 @@ class LocalStack:
             ),
             spawn=self._spawn_worker,
             queue_counts=sqs_queue_counts(
-                clients.client("sqs", self.settings),
-                {m: self.settings.priority_queues(m) for m in opts.models},
+                clients.client("sqs", scaling),
+                {m: scaling.priority_queues(m) for m in opts.models},
             ),
             busy_dir=opts.state_dir / "workers",
             interval=opts.scale_interval,
         )
         self.autoscaler.start()
         threading.Thread(target=self._event_log_loop, name="events", daemon=True).start()
-        threading.Thread(target=self._dlq_loop, name="dlq", daemon=True).start()
-        threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True).start()
-        threading.Thread(target=self._webhook_loop, name="webhooks", daemon=True).start()
-        for url, target, code in (
-            (self.resources.batch_queue, BATCH_HANDLER, "openai_batches"),
-            (self.resources.batch_events_queue, BATCH_EVENTS_HANDLER, "openai_batch_counter"),
-        ):
-            name = topology.FUNCTIONS[code].sqs_trigger().queue
-            threading.Thread(
-                target=self._queue_loop, args=(url, target, name, code), name=name, daemon=True
-            ).start()
+        # The functions' event sources and the sweeper's schedule, each with its own part.
+        sweeper = self.settings.sweeper
+        start_feeds(self.stop_event, self.pool, self.resources, self.settings, sweeper)
 
         doc = {
             "api_url": self.gateway.url,
@@ -340,92 +293,7 @@ class LocalStack:
         """Print one line per job event waiting in the event-log queue; returns how many."""
         assert self.resources is not None
         sqs = clients.client("sqs", self.settings)
-        url = self.resources.event_log_queue
-        resp = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=wait)
-        msgs = resp.get("Messages", [])
-        for m in msgs:
-            try:
-                emit_line(event_line(json.loads(m["Body"])))
-            except (ValueError, KeyError, TypeError, AttributeError):
-                log.warning("unreadable event: %.200s", m.get("Body"))
-        if msgs:
-            sqs.delete_message_batch(
-                QueueUrl=url,
-                Entries=[
-                    {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(msgs)
-                ],
-            )
-        return len(msgs)
-
-    def _sweep_loop(self) -> None:
-        """The sweeper (expiry, lease takeover, pending events) every
-        ``Settings.sweep_seconds`` (a scheduled Lambda in AWS)."""
-        while not self.stop_event.wait(self.settings.sweep_seconds):
-            try:
-                expire_due(self.settings)
-                take_back_lapsed(self.settings)
-                republish_pending(self.settings)
-            except Exception:
-                log.exception("sweep failed")
-
-    def _dlq_loop(self) -> None:
-        """Feed each dead-letter queue's messages to the DLQ Lambda handler as SQS events."""
-        assert self.resources is not None and self.pool is not None
-        sqs = clients.client("sqs", self.settings)
-        pool = self.pool
-        while not self.stop_event.is_set():
-            for url in self.resources.dlqs.values():
-                if self.stop_event.is_set():
-                    return
-                try:
-                    pump_once(
-                        sqs,
-                        url,
-                        lambda ev: pool.invoke(DLQ_HANDLER, ev, "dlq"),
-                        batch_size=topology.FUNCTIONS["dlq"].sqs_trigger().batch_size,
-                    )
-                except Exception:
-                    if self.stop_event.is_set():
-                        return
-                    log.exception("DLQ handler failed")
-                    time.sleep(1)
-
-    def _webhook_loop(self) -> None:
-        """Feed the webhook queue's messages to the webhook dispatcher Lambda handler as SQS
-        events, as the event source mapping does in AWS (see asyncinfer.local.event_source)."""
-        assert self.resources is not None and self.pool is not None
-        pool, url = self.pool, self.resources.webhook_queue
-        sqs = clients.client("sqs", self.settings)
-        while not self.stop_event.is_set():
-            try:
-                pump_once(
-                    sqs,
-                    url,
-                    lambda ev: pool.invoke(WEBHOOK_HANDLER, ev, "webhooks"),
-                    batch_size=topology.FUNCTIONS["webhooks"].sqs_trigger().batch_size,
-                )
-            except Exception:
-                if self.stop_event.is_set():
-                    return
-                log.exception("webhook dispatcher failed")
-                time.sleep(1)
-
-    def _queue_loop(self, url: str, target: str, name: str, code: str) -> None:
-        """Feed a queue's messages to a Lambda handler as SQS events (the OpenAI batch expander
-        and the batch-line counter), as their event source mappings do in AWS, with the batch
-        size of the function ``code``'s trigger in the topology."""
-        assert self.pool is not None
-        pool = self.pool
-        sqs = clients.client("sqs", self.settings)
-        size = topology.FUNCTIONS[code].sqs_trigger().batch_size
-        while not self.stop_event.is_set():
-            try:
-                pump_once(sqs, url, lambda ev: pool.invoke(target, ev, name), batch_size=size)
-            except Exception:
-                if self.stop_event.is_set():
-                    return
-                log.exception("%s handler failed", name)
-                time.sleep(1)
+        return print_events(sqs, self.resources.event_log_queue, wait)
 
     # ------------------------------------------------------------------ stop
     def install_signal_handlers(self, *, watchdog: bool = False) -> None:

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from asyncinfer.aws import clients
-from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_parts import OpenAISettings
 
 #: Batch status -> event type.
 EVENT_FOR_STATUS = {
@@ -42,7 +42,7 @@ def batch_event(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def publish_batch_event(settings: Settings, record: dict[str, Any]) -> dict[str, Any]:
+def publish_batch_event(settings: OpenAISettings, record: dict[str, Any]) -> dict[str, Any]:
     """Publish the end event of ``record`` on the topic; returns the body."""
     event = batch_event(record)
     attrs = {

@@ -38,7 +38,7 @@ from botocore.exceptions import ClientError
 
 from asyncinfer.aws import clients
 from asyncinfer.core.errors import TransitionRefused
-from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_needs import TableConfig
 from asyncinfer.jobs.store import TENANT_INDEX, from_item, to_item
 
 VALIDATING, FAILED, IN_PROGRESS, FINALIZING = "validating", "failed", "in_progress", "finalizing"
@@ -74,7 +74,7 @@ def line_key(batch_id: str, custom_id: str) -> str:
 class BatchStore:
     """Batch records and line items in the job table of ``settings``."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: TableConfig) -> None:
         self.settings = settings
         self.table = settings.table_name
         self.ddb = clients.client("dynamodb", settings)

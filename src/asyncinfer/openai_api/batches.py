@@ -28,7 +28,7 @@ from asyncinfer.core.errors import (
     TransitionRefused,
 )
 from asyncinfer.core.ids import new_job_id
-from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_parts import OpenAISettings
 from asyncinfer.models.registry import validation_details
 from asyncinfer.openai_api import batch_store as bs
 from asyncinfer.openai_api.batch_store import BatchStore, batches_partition
@@ -159,7 +159,7 @@ def _op(op: str, batch_id: str) -> str:
     return json.dumps({"op": op, "batch_id": batch_id}, separators=(",", ":"))
 
 
-def enqueue(sqs: Any, settings: Settings, body: dict[str, Any], delay: int = 0) -> None:
+def enqueue(sqs: Any, settings: OpenAISettings, body: dict[str, Any], delay: int = 0) -> None:
     """Send one batch-queue message (``delay`` seconds, SQS's 0..900)."""
     sqs.send_message(
         QueueUrl=settings.batch_queue_url,
@@ -171,7 +171,7 @@ def enqueue(sqs: Any, settings: Settings, body: dict[str, Any], delay: int = 0) 
 class BatchService:
     """Batch operations of the API; every method takes the caller's ``tenant``."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: OpenAISettings) -> None:
         self.settings = settings
         self.store = BatchStore(settings)
         self.files = FileStore(clients.client("s3", settings), settings.bucket)

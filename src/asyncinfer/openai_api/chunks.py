@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from asyncinfer.aws import clients
-from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_parts import OpenAISettings
 from asyncinfer.openai_api.validation import Line
 
 PREFIX = "openai/batches"
@@ -25,7 +25,7 @@ def chunk_key(tenant: str, batch_id: str, k: int) -> str:
 
 
 def write_chunks(
-    settings: Settings, tenant: str, batch_id: str, lines: list[Line], size: int
+    settings: OpenAISettings, tenant: str, batch_id: str, lines: list[Line], size: int
 ) -> int:
     """Store ``lines`` in chunks of ``size``; returns the number of chunks."""
     s3 = clients.client("s3", settings)
@@ -42,7 +42,7 @@ def write_chunks(
     return count
 
 
-def read_chunk(settings: Settings, record: dict[str, Any], k: int) -> list[list[Any]]:
+def read_chunk(settings: OpenAISettings, record: dict[str, Any], k: int) -> list[list[Any]]:
     """Chunk ``k`` of the batch ``record``: ``[[line number, custom_id, model, input], ...]``."""
     s3 = clients.client("s3", settings)
     obj = s3.get_object(Bucket=settings.bucket, Key=chunk_key(record["owner"], record["job_id"], k))

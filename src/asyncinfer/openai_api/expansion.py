@@ -33,7 +33,8 @@ from typing import Any
 
 from asyncinfer.aws import clients
 from asyncinfer.core.errors import ApiError, Conflict, InternalError, NotFound, TransitionRefused
-from asyncinfer.core.settings import Settings, get_settings
+from asyncinfer.core.settings import get_settings
+from asyncinfer.core.settings_parts import OpenAISettings
 from asyncinfer.functions.api.schemas import JobRequest
 from asyncinfer.jobs.service import JobService
 from asyncinfer.openai_api import batch_store as bs
@@ -67,10 +68,10 @@ def idempotency_key(batch_id: str, custom_id: str) -> str:
 class Expander:
     """Runs the batch queue's operations (see the module's docstring)."""
 
-    def __init__(self, settings: Settings, jobs: JobService | None = None) -> None:
+    def __init__(self, settings: OpenAISettings, jobs: JobService | None = None) -> None:
         self.settings = settings
         self.store = BatchStore(settings)
-        self.jobs = jobs or JobService(settings)
+        self.jobs = jobs or JobService(settings.api)
         self.sqs = clients.client("sqs", settings)
         self.files = FileStore(clients.client("s3", settings), settings.bucket)
         #: ``time.monotonic()`` time by which the current operation stops (see :meth:`handle`).
@@ -300,7 +301,7 @@ def _error(code: str, message: str) -> dict[str, Any]:
 
 @lru_cache(maxsize=1)
 def _expander() -> Expander:
-    return Expander(get_settings())
+    return Expander(get_settings().openai)
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:

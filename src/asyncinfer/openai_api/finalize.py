@@ -26,7 +26,7 @@ from asyncinfer.aws import clients
 from asyncinfer.aws.payloads import PayloadStore
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.core.lifecycle import is_terminal
-from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_parts import OpenAISettings
 from asyncinfer.jobs.record import JobRecord
 from asyncinfer.jobs.store import JobStore
 from asyncinfer.openai_api import batch_store as bs
@@ -47,7 +47,7 @@ class LinesNotVisible(Exception):
     """The line index does not show every line yet; retry later (the message comes back)."""
 
 
-def count_event(settings: Settings, event: dict[str, Any], tenant: str | None = None) -> bool:
+def count_event(settings: OpenAISettings, event: dict[str, Any], tenant: str | None = None) -> bool:
     """Count the line of a terminal job ``event`` (api.md's body); returns whether it counted.
     ``tenant``: the event's ``tenant`` attribute, checked against the batch's owner."""
     data = event.get("data") or {}
@@ -82,7 +82,7 @@ def ready(record: dict[str, Any]) -> bool:
     )
 
 
-def maybe_finalize(settings: Settings, batch_id: str) -> dict[str, Any] | None:
+def maybe_finalize(settings: OpenAISettings, batch_id: str) -> dict[str, Any] | None:
     """Finalize the batch if it is :func:`ready`; returns the ended record, else ``None``."""
     store = BatchStore(settings)
     record = store.get(batch_id)
@@ -95,7 +95,7 @@ def maybe_finalize(settings: Settings, batch_id: str) -> dict[str, Any] | None:
     return finalize(settings, record)
 
 
-def finalize(settings: Settings, record: dict[str, Any]) -> dict[str, Any]:
+def finalize(settings: OpenAISettings, record: dict[str, Any]) -> dict[str, Any]:
     """Write the output and error files of a ``finalizing`` batch and end it.
 
     Raises:
@@ -176,7 +176,9 @@ def _all_lines(store: BatchStore, record: dict[str, Any]) -> list[dict[str, Any]
     return with_jobs
 
 
-def _unexpanded(settings: Settings, record: dict[str, Any], ending: str) -> list[dict[str, Any]]:
+def _unexpanded(
+    settings: OpenAISettings, record: dict[str, Any], ending: str
+) -> list[dict[str, Any]]:
     """Error lines of the lines that never got a job (a batch ended before its expansion)."""
     start, total = int(record.get("next_line", 0)), int(record.get("total", 0))
     size = int(record.get("chunk_lines") or settings.batch_chunk_lines)
@@ -212,7 +214,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     line counts it; a record that raises (e.g. :class:`LinesNotVisible`) comes back."""
     from asyncinfer.core.settings import get_settings
 
-    settings = get_settings()
+    settings = get_settings().openai
     failures = []
     for rec in event.get("Records", []):
         try:

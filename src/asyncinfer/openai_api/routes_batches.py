@@ -33,7 +33,7 @@ LIST_DEFAULT, LIST_MAX = 20, 100
 @lru_cache(maxsize=1)
 def service() -> BatchService:
     """The batch service of this process (built once, on first use)."""
-    return BatchService(get_settings())
+    return BatchService(get_settings().openai)
 
 
 def _tenant() -> str:

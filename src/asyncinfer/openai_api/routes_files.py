@@ -83,7 +83,7 @@ def tenant() -> str:
 
 def store() -> FileStore:
     """The file store of this process's settings."""
-    settings = get_settings()
+    settings = get_settings().openai
     return FileStore(clients.client("s3", settings), settings.bucket)
 
 
@@ -178,7 +178,7 @@ def _from_upload(body: bytes) -> FileObject:
         ]
         fields = ", ".join(d["field"] for d in details)
         raise InvalidRequest(f"invalid request: {fields}", details) from None
-    settings = get_settings()
+    settings = get_settings().openai
     who = tenant()
     check_input_url(settings, who, req.input_url)
     bucket, key = split_uri(req.input_url)

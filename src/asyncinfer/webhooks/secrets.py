@@ -36,7 +36,7 @@ from pydantic import BaseModel
 from asyncinfer.aws import clients
 from asyncinfer.core import envvars
 from asyncinfer.core.errors import ConfigError
-from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_needs import SecretsConfig
 from asyncinfer.core.timeutil import iso, now, parse
 
 SECRET_PREFIX = "whsec_"
@@ -80,7 +80,7 @@ class SecretStore:
         ConfigError: (at construction) no webhook secrets key is configured.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: SecretsConfig) -> None:
         if not settings.webhook_secrets_key:
             raise ConfigError(f"{envvars.WEBHOOK_SECRETS_KEY} is not set")
         self.settings = settings

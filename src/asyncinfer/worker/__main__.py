@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"asyncinfer worker: model {args.model!r}: {problem}", file=sys.stderr)
         return 2
-    worker = Worker(get_settings(), args.model, max_batch_size=args.max_batch_size)
+    worker = Worker(get_settings().worker, args.model, max_batch_size=args.max_batch_size)
     worker.install_signal_handlers()
     try:
         return worker.run()

@@ -80,7 +80,7 @@ from typing import Any
 
 from asyncinfer.aws import clients
 from asyncinfer.aws.payloads import PayloadStore
-from asyncinfer.core.settings import Settings
+from asyncinfer.core.settings_parts import WorkerSettings
 from asyncinfer.core.timeutil import iso, now
 from asyncinfer.jobs.events import EventPublisher
 from asyncinfer.jobs.record import JobRecord
@@ -109,7 +109,8 @@ class Worker:
     watcher.
 
     Args:
-        settings: runtime settings (queues, table, bucket, topic, timeouts).
+        settings: the worker's part of the settings (``Settings.worker``: queues, table,
+            bucket, topic, timeouts).
         model: the model id this worker serves.
         handler: a built handler (default: the registry's, loaded on :meth:`run`).
         max_batch_size: most jobs in a batch (default: the model's ``max_batch_size``).
@@ -120,7 +121,7 @@ class Worker:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: WorkerSettings,
         model: str,
         *,
         handler: ModelHandler | None = None,

@@ -66,7 +66,7 @@ doc.configure(app, __version__)
 @lru_cache(maxsize=1)
 def service() -> JobService:
     """The job service of this process (built once, on first use)."""
-    return JobService(get_settings())
+    return JobService(get_settings().api)
 
 
 def tenant() -> str:

@@ -59,7 +59,7 @@ def _deployment() -> tuple[list[str], bool] | None:
     from asyncinfer.core.settings import get_settings  # late: settings import nothing of the API
 
     try:
-        s = get_settings()
+        s = get_settings().api
     except Exception:
         return None
     return list(s.models), s.local_mode
