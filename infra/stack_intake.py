@@ -11,6 +11,7 @@ from aws_cdk import aws_events as events
 from aws_cdk import aws_iam as iam
 
 from asyncinfer.core import topology
+from infra.components import bucket_access
 from infra.components.api import JobsApi
 from infra.components.batches import BatchProcessing
 from infra.components.function import PythonFunction
@@ -41,7 +42,8 @@ def add_api(stack: AsyncInferStack, parts: StackParts) -> None:
         **fn_common,
     ).function
     stack.table.grant_read_write_data(stack.api_fn)
-    stack.bucket.grant_read_write(stack.api_fn)
+    # Its prefixes only (issue 14, least privilege): infra.components.bucket_access.
+    bucket_access.grant(stack.bucket, stack.api_fn, bucket_access.API)
     stack.events_topic.grant_publish(stack.api_fn)
     stack.queues.grant_job_queues(stack.api_fn, SEND_ACTIONS)
     stack.authorizer_fn = PythonFunction(
