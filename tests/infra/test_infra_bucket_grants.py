@@ -6,6 +6,7 @@ prefixes granted are the ones the code builds its keys under."""
 from __future__ import annotations
 
 import fnmatch
+import json
 from typing import Any
 
 import pytest
@@ -135,3 +136,151 @@ def test_granted_prefixes_are_where_the_code_puts_its_keys(pattern: str, key: st
         for other in bucket_access.PREFIXES
         if other != pattern
     )
+
+
+# ------------------------------------------------- the rights are enough for what the code does
+#: What every function may do beside the bucket in this check (the test is about S3 only).
+_NOT_S3 = ["dynamodb:*", "sqs:*", "sns:*", "kms:*", "ecs:*", "sagemaker:*", "sts:*"]
+
+
+def _bucket_statements(s: Any, description: str, bucket: str) -> list[dict[str, Any]]:
+    """The function role's synthesized statements on the data bucket, with the bucket's ARN
+    (a CloudFormation token in the template) put in as ``arn:aws:s3:::<bucket>``."""
+    lid, role = _bucket_lid(s), _role_of(s, description)
+    arn = {"Fn::GetAtt": [lid, "Arn"]}
+    out = []
+    for p in s.props("AWS::IAM::Policy"):
+        if {"Ref": role} not in p.get("Roles", []):
+            continue
+        for st in p["PolicyDocument"]["Statement"]:
+            resources = st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]]
+            literal = []
+            for r in resources:
+                parts = r.get("Fn::Join", ["", []])[1] if isinstance(r, dict) else []
+                if r == arn:
+                    literal.append(f"arn:aws:s3:::{bucket}")
+                elif len(parts) == 2 and parts[0] == arn:
+                    literal.append(f"arn:aws:s3:::{bucket}{parts[1]}")
+            if literal:
+                out.append({"Effect": st["Effect"], "Action": st["Action"], "Resource": literal})
+    return out
+
+
+def _user(iam: Any, name: str, statements: list[dict[str, Any]]) -> dict[str, str]:
+    """An IAM user of moto with ``statements`` plus everything outside S3; its credentials."""
+    doc = {"Version": "2012-10-17", "Statement": [*statements]}
+    doc["Statement"].append({"Effect": "Allow", "Action": _NOT_S3, "Resource": "*"})
+    iam.create_user(UserName=name)
+    iam.put_user_policy(UserName=name, PolicyName="p", PolicyDocument=json.dumps(doc))
+    key = iam.create_access_key(UserName=name)["AccessKey"]
+    return {
+        "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+        "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+    }
+
+
+def test_synthesized_bucket_rights_are_enough_for_the_api_and_the_batch_functions(
+    ecs: Any, clean_env: pytest.MonkeyPatch
+) -> None:
+    """moto with IAM enforced (``enable_iam_authentication``): each function runs as a principal
+    holding exactly its role's synthesized bucket statements, through a large job input, an
+    upload (the PUT its URL signs), a file made from it, a batch expanded (large line inputs),
+    its lines ended (one output in S3), counted and finalized, the output file read and a file
+    deleted. Any S3 call outside its grants fails with AccessDenied and the flow with it."""
+    import boto3
+    from moto import mock_aws
+    from moto.core import enable_iam_authentication
+
+    from asyncinfer.aws import clients
+    from asyncinfer.aws.payloads import PayloadStore, split_uri
+    from asyncinfer.core import envvars as ev
+    from asyncinfer.core.settings import Settings
+    from asyncinfer.jobs.events import EventPublisher
+    from asyncinfer.jobs.store import JobStore
+    from asyncinfer.local.resources import create_resources
+    from asyncinfer.models.registry import MODELS
+    from tests.conftest import ApiCaller, apply_env
+    from tests.unit.batch_helpers import chat_line, line_jobs, run_batch_queue, run_events
+
+    monkeypatch = clean_env
+    with mock_aws():
+        res = create_resources(Settings(visibility_timeout_seconds=30), list(MODELS))
+        apply_env(monkeypatch, {**res.env(), "ASYNCINFER_LOCAL": "0", ev.INLINE_INPUT_BYTES: "64"})
+        bucket = Settings.from_env().bucket
+        iam = boto3.client("iam", region_name="us-east-1")
+        users = {
+            "api": _user(iam, "api", _bucket_statements(ecs, API, bucket)),
+            "expander": _user(iam, "expander", _bucket_statements(ecs, EXPANDER, bucket)),
+            "counter": _user(iam, "counter", _bucket_statements(ecs, COUNTER, bucket)),
+            "admin": _user(iam, "admin", [{"Effect": "Allow", "Action": "*", "Resource": "*"}]),
+        }
+
+        def act_as(name: str) -> Settings:
+            apply_env(monkeypatch, users[name])
+            return Settings.from_env()
+
+        with enable_iam_authentication():
+            act_as("api")
+            call = ApiCaller("tenant-a")
+            status, job, _ = call("POST", "/v1/jobs", {"model": "echo", "input": {"x": "y" * 200}})
+            assert status == 202, job
+            status, up, _ = call("POST", "/v1/uploads")
+            assert status == 201, up
+            lines = [json.dumps(chat_line(f"line-{i}-{'z' * 100}")) for i in range(3)]
+            up_bucket, up_key = split_uri(up["input_url"])
+            # What the presigned PUT does, signed by the API's principal.
+            clients.client("s3").put_object(
+                Bucket=up_bucket, Key=up_key, Body="\n".join(lines).encode() + b"\n"
+            )
+            body = {"purpose": "batch", "input_url": up["input_url"], "filename": "in.jsonl"}
+            status, file, _ = call("POST", "/openai/v1/files", body)
+            assert status == 200, file
+            status, listed, _ = call("GET", "/openai/v1/files")
+            assert status == 200 and [f["id"] for f in listed["data"]] == [file["id"]], listed
+            status, batch, _ = call(
+                "POST",
+                "/openai/v1/batches",
+                {"input_file_id": file["id"], "endpoint": "/v1/chat/completions"},
+            )
+            assert status == 200, batch
+
+            assert run_batch_queue(act_as("expander")) >= 1
+
+            settings = act_as("admin")  # the workers: end each line job, one output in S3
+            store, payloads = JobStore(settings), PayloadStore(settings)
+            records = [r for r in line_jobs(settings, "tenant-a") if r["job_id"] != job["id"]]
+            assert len(records) == 3
+            assert all(r.get("input_ref", "").startswith(f"s3://{bucket}/inputs/") for r in records)
+            for i, rec in enumerate(records):
+                running = store.transition(
+                    rec["job_id"],
+                    from_status="queued",
+                    to_status="running",
+                    increment_attempts=True,
+                )
+                output = {"text": "ok", "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+                fields: dict[str, Any] = {"completed_at": running["created_at"]}
+                if i == 0:
+                    data = json.dumps(output).encode()
+                    fields["output_ref"] = payloads.put_output("tenant-a", rec["job_id"], data)
+                else:
+                    fields["output"] = json.dumps(output)
+                ended = store.transition(
+                    rec["job_id"],
+                    from_status="running",
+                    to_status="succeeded",
+                    attempts=running["attempts"],
+                    set_fields=fields,
+                )
+                EventPublisher(settings).publish(ended)
+
+            run_events(act_as("counter"))
+
+            act_as("api")
+            status, done, _ = call("GET", f"/openai/v1/batches/{batch['id']}")
+            assert status == 200 and done["status"] == "completed", done
+            assert done["request_counts"]["completed"] == 3, done
+            status, content, _ = call("GET", f"/openai/v1/files/{done['output_file_id']}/content")
+            assert status == 200 and content, content
+            status, gone, _ = call("DELETE", f"/openai/v1/files/{file['id']}")
+            assert status == 200 and gone["deleted"] is True, gone
