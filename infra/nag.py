@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from aws_cdk import Acknowledgment, CfnElement, Names, Stack, Validations
 from constructs import IConstruct
 
+from infra.components import bucket_access
+
 #: rule id -> why this design accepts it (whole rules).
 RULES: dict[str, str] = {
     "AwsSolutions-L1": (
@@ -54,7 +56,7 @@ MANAGED_POLICIES: dict[str, str] = {
 #: Wildcard actions from CDK grant methods and AWS managed defaults (IAM5 findings).
 WILDCARD_ACTIONS: dict[str, str] = {
     "s3:Abort*": "CDK grantReadWrite/grantPut action group, scoped to our bucket.",
-    "s3:DeleteObject*": "CDK grantReadWrite action group, scoped to our bucket.",
+    "s3:DeleteObject*": "CDK grantReadWrite/grantDelete action group, scoped to our bucket.",
     "s3:GetBucket*": "CDK grantRead action group, scoped to our bucket.",
     "s3:GetObject*": "CDK grantRead action group, scoped to our bucket.",
     "s3:List*": "CDK grantRead action group, scoped to our bucket.",
@@ -110,6 +112,10 @@ def add_suppressions(
         f"<{b}.Arn>/inputs/*": "Objects under our bucket's inputs/ prefix only.",
         f"<{b}.Arn>/outputs/*": "Objects under our bucket's outputs/ prefix only.",
         f"<{b}.Arn>/uploads/*": "Objects under our bucket's uploads/ prefix (POST /v1/uploads).",
+        f"<{b}.Arn>/{bucket_access.FILES}": "Objects under our bucket's OpenAI Files prefix only.",
+        f"<{b}.Arn>/{bucket_access.CHUNKS}": (
+            "Objects under our bucket's OpenAI batch chunks prefix only."
+        ),
         "arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:log-group:"
         "/aws/sagemaker/Endpoints/*": "SageMaker endpoints' own log groups (SageMaker docs).",
     }

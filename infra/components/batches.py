@@ -25,6 +25,7 @@ from constructs import Construct
 from asyncinfer.core import envvars as ev
 from asyncinfer.core import topology
 from asyncinfer.openai_api import queues
+from infra.components import bucket_access
 from infra.components.function import PythonFunction
 
 #: A batch-queue message older than this means a batch's expansion or checks are stuck, seconds
@@ -68,7 +69,8 @@ class BatchProcessing(Construct):
     Args:
         topic: the job events topic (the counter subscribes; both functions publish batch events).
         table: the job table (batch records and lines live beside the jobs).
-        bucket: the payload bucket (files, chunks, outputs).
+        bucket: the payload bucket (files, chunks, outputs; each function gets its prefixes,
+            :mod:`infra.components.bucket_access`).
         environment: the common Lambda environment.
         function_props: layer, log retention, removal policy, catalogue for
             :class:`PythonFunction`.
@@ -133,9 +135,13 @@ class BatchProcessing(Construct):
             description="asyncinfer OpenAI batch line counter and finalizer",
             **function_props,
         ).function
-        for fn in (self.expander, self.counter):
+        for fn, access in (
+            (self.expander, bucket_access.BATCH_EXPANDER),
+            (self.counter, bucket_access.BATCH_COUNTER),
+        ):
             table.grant_read_write_data(fn)
-            bucket.grant_read_write(fn)
+            # Their prefixes only (issue 14, least privilege): infra.components.bucket_access.
+            bucket_access.grant(bucket, fn, access)
             topic.grant_publish(fn)
             self.queue.grant_send_messages(fn)
         grant_submit(self.expander)

@@ -1,14 +1,13 @@
 """``compute=ecs``: GPU container instances that scale to zero, one worker service per model,
-scaled on backlog per task."""
+scaled on backlog per task. The capacity groups are :mod:`infra.components.ecs_capacity`, each
+model's service :mod:`infra.components.ecs_services` (whose names this module re-exports)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from aws_cdk import ArnFormat, Aws, CustomResource, Duration, RemovalPolicy, Stack
-from aws_cdk import aws_applicationautoscaling as appscaling
+from aws_cdk import CustomResource, RemovalPolicy, Stack
 from aws_cdk import aws_autoscaling as autoscaling
-from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
@@ -18,32 +17,27 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from asyncinfer.core import envvars as ev
 from asyncinfer.core import naming
-from infra.components.ecs_instances import WEIGHTS_CACHE_PATH, instance_user_data
-from infra.components.engine import ENGINE_PORT, add_engine
-from infra.components.function import METRICS_NAMESPACE
+from infra.components.ecs_capacity import capacity_group
+from infra.components.ecs_capacity import capacity_release as release_resource
+from infra.components.ecs_services import (
+    BACKLOG_PER_TASK,
+    BACKLOG_WITHOUT_CAPACITY,
+    CPU_MEMORY_RESERVATION_MIB,
+    add_worker_service,
+    backlog_metric,
+)
 from infra.components.model_scopes import ModelScopes
 from infra.model_compute import ModelCompute
 
-#: Metrics the backlog Lambda publishes each minute (namespace ``asyncinfer``, dimension Model);
-#: see :mod:`asyncinfer.scaling.backlog`.
-BACKLOG_PER_TASK = "BacklogPerTask"
-BACKLOG_WITHOUT_CAPACITY = "BacklogWithoutCapacity"
-#: Soft memory reservation of a CPU worker task, MiB: small enough to place on a 2-vCPU/4 GiB
-#: instance (c7i.large) beside the ECS agent; the task may use more (no hard limit is set).
-CPU_MEMORY_RESERVATION_MIB = 1024
-
-
-def backlog_metric(name: str, model: str) -> cloudwatch.Metric:
-    """One of the backlog Lambda's metrics for ``model`` (1-minute average)."""
-    return cloudwatch.Metric(
-        namespace=METRICS_NAMESPACE,
-        metric_name=name,
-        dimensions_map={"Model": model},
-        period=Duration.minutes(1),
-        statistic="Average",
-    )
+__all__ = [
+    "BACKLOG_PER_TASK",
+    "BACKLOG_WITHOUT_CAPACITY",
+    "CPU_MEMORY_RESERVATION_MIB",
+    "EcsWorkers",
+    "backlog_metric",
+    "image_excludes",
+]
 
 
 class EcsWorkers(Construct):
@@ -190,119 +184,28 @@ class EcsWorkers(Construct):
         self.task_roles: dict[str, iam.Role] = {}
         stack = Stack.of(self)
         for model, _queue in queues.items():
-            c = computes[model]
-            sc = scopes.of(self, model) if scopes else self
-            task_def = ecs.Ec2TaskDefinition(
-                sc, f"{model}-task", network_mode=ecs.NetworkMode.BRIDGE
-            )
-            log_group = logs.LogGroup(
-                sc, f"{model}-logs", retention=log_retention, removal_policy=removal_policy
-            )
-            task_def.add_volume(name="weights-cache", host=ecs.Host(source_path=WEIGHTS_CACHE_PATH))
-            # An openai-server entry with engine.image: the GPUs go to the engine container
-            # beside the worker (infra.components.engine); the worker runs no model.
-            engine_beside = c.engine is not None
-            worker_env = {
-                **environment,
-                ev.AWS_REGION: Aws.REGION,
-                ev.COMPUTE: "ecs",
-                ev.WEIGHTS_CACHE: WEIGHTS_CACHE_PATH,
-            }
-            if engine_beside:
-                worker_env[ev.ENGINE_URL] = f"http://engine:{ENGINE_PORT}"
-            worker = task_def.add_container(
-                "worker",
-                image=ecs.ContainerImage.from_docker_image_asset(image),
-                command=["worker", "--model", model],
-                memory_reservation_mib=(
-                    memory_reservation_mib
-                    if c.gpus and not engine_beside
-                    else CPU_MEMORY_RESERVATION_MIB
-                ),
-                gpu_count=(c.gpus or None) if not engine_beside else None,
-                stop_timeout=Duration.seconds(stop_timeout),
-                environment=worker_env,
-                logging=ecs.LogDrivers.aws_logs(stream_prefix=model, log_group=log_group),
-                essential=True,
-            )
-            worker.add_mount_points(
-                ecs.MountPoint(
-                    container_path=WEIGHTS_CACHE_PATH,
-                    source_volume="weights-cache",
-                    read_only=False,
-                )
-            )
-            if engine_beside:
-                add_engine(
-                    task_def,
-                    worker,
-                    model=model,
-                    compute=c,
-                    memory_reservation_mib=memory_reservation_mib,
-                    log_group=log_group,
-                )
-            # Task scale-in protection from inside the task (ECS agent endpoint
-            # $ECS_AGENT_URI/task-protection/v1/state uses the task role; ECS developer guide,
-            # "Protect your Amazon ECS tasks from being terminated by scale-in events").
-            task_def.add_to_task_role_policy(
-                iam.PolicyStatement(
-                    actions=["ecs:GetTaskProtection", "ecs:UpdateTaskProtection"],
-                    resources=[
-                        stack.format_arn(
-                            service="ecs",
-                            resource="task",
-                            resource_name=f"{self.cluster.cluster_name}/*",
-                        )
-                    ],
-                )
-            )
-            service = ecs.Ec2Service(
-                sc,
-                f"{model}-service",
-                service_name=naming.ecs_service_name(prefix, model),
+            service, role = add_worker_service(
+                scopes.of(self, model) if scopes else self,
+                model=model,
+                compute=computes[model],
+                image=image,
                 cluster=self.cluster,
-                task_definition=task_def,
-                desired_count=c.min_workers,
-                min_healthy_percent=0,
-                max_healthy_percent=100,
-                circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
-                capacity_provider_strategies=[
-                    ecs.CapacityProviderStrategy(
-                        capacity_provider=self.capacity_providers[model].capacity_provider_name,
-                        weight=1,
-                    )
-                ],
-                enable_ecs_managed_tags=True,
-                propagate_tags=ecs.PropagatedTagSource.SERVICE,
-            )
-            # CDK adds the cluster's capacity-provider association (an aspect, at synth) as a
-            # child of the cluster; a dependency on the cluster construct includes it.
-            service.node.add_dependency(self.cluster)
-            for release in self.releases:
-                service.node.add_dependency(release)
-            scaling = service.auto_scale_task_count(
-                min_capacity=c.min_workers, max_capacity=c.max_workers
-            )
-            scaling.scale_to_track_custom_metric(
-                "BacklogPerTask",
-                metric=backlog_metric(BACKLOG_PER_TASK, model),
-                target_value=c.backlog_per_worker,
-                scale_in_cooldown=Duration.minutes(5),
-                scale_out_cooldown=Duration.minutes(1),
-            )
-            scaling.scale_on_metric(
-                "ZeroToOne",
-                metric=backlog_metric(BACKLOG_WITHOUT_CAPACITY, model),
-                scaling_steps=[
-                    appscaling.ScalingInterval(upper=0, change=0),
-                    appscaling.ScalingInterval(lower=1, change=1),
-                ],
-                adjustment_type=appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
-                evaluation_periods=1,
-                cooldown=Duration.minutes(2),
+                capacity_provider=self.capacity_providers[model],
+                releases=self.releases,
+                service_name=naming.ecs_service_name(prefix, model),
+                protection_arn=stack.format_arn(
+                    service="ecs",
+                    resource="task",
+                    resource_name=f"{self.cluster.cluster_name}/*",
+                ),
+                environment=environment,
+                stop_timeout=stop_timeout,
+                memory_reservation_mib=memory_reservation_mib,
+                log_retention=log_retention,
+                removal_policy=removal_policy,
             )
             self.services[model] = service
-            self.task_roles[model] = task_def.task_role  # type: ignore[assignment]
+            self.task_roles[model] = role  # type: ignore[assignment]
 
     def _capacity_group(
         self,
@@ -315,109 +218,28 @@ class EcsWorkers(Construct):
         warm_pool: int = 0,
         image: ecr_assets.DockerImageAsset | None = None,
     ) -> ecs.AsgCapacityProvider:
-        """One capacity group: a launch template (the GPU or the standard ECS-optimised AL2023
-        AMI), an Auto Scaling group of ``min_instances..max_instances`` and a managed capacity
-        provider on the cluster, plus its release custom resource. The first group keeps the
-        construct ids of the single group of earlier versions; the others are suffixed.
-
-        With ``warm_pool`` > 0 the group gets an EC2 Auto Scaling warm pool of that many stopped
-        instances (:func:`instance_user_data`)."""
+        """Capacity group ``index`` (:func:`~infra.components.ecs_capacity.capacity_group`) and
+        its release custom resource. The first group keeps the construct ids of the single
+        group of earlier versions; the others are suffixed."""
         sfx = "" if index == 0 else str(index + 1)
-        hw = ecs.AmiHardwareType.GPU if gpu else ecs.AmiHardwareType.STANDARD
-        instance_role, sg = self._instance_role, self._sg
-        launch_template = ec2.LaunchTemplate(
+        cp, asg = capacity_group(
             self,
-            f"LaunchTemplate{sfx}",
-            instance_type=ec2.InstanceType(instance_type),
-            machine_image=ecs.EcsOptimizedImage.amazon_linux2023(hw),
-            user_data=instance_user_data(
-                gpu=gpu, warm_pool=warm_pool > 0, image_uri=image.image_uri if image else None
-            ),
-            role=instance_role,
-            security_group=sg,
-            require_imdsv2=True,
-            http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
-            http_put_response_hop_limit=1,
-            associate_public_ip_address=True,
-            detailed_monitoring=False,
-            block_devices=[
-                ec2.BlockDevice(
-                    device_name="/dev/xvda",
-                    volume=ec2.BlockDeviceVolume.ebs(
-                        200,
-                        encrypted=True,
-                        volume_type=ec2.EbsDeviceVolumeType.GP3,
-                        delete_on_termination=True,
-                    ),
-                )
-            ],
-        )
-        asg = autoscaling.AutoScalingGroup(
-            self,
-            f"Asg{sfx}",
+            sfx,
             vpc=self.vpc,
-            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
-            launch_template=launch_template,
-            min_capacity=min_instances,
-            max_capacity=max_instances,
+            cluster=self.cluster,
+            role=self._instance_role,
+            security_group=self._sg,
+            instance_type=instance_type,
+            gpu=gpu,
+            min_instances=min_instances,
+            max_instances=max_instances,
+            warm_pool=warm_pool,
+            image=image,
         )
-        if warm_pool:
-            # Stopped, not running: idle cost is the EBS volumes. Reuse on scale-in cannot be set
-            # for ECS (ECS developer guide, "Configuring pre-initialized instances for your Amazon
-            # ECS Auto Scaling group"). max_group_prepared_capacity = the pool size keeps exactly
-            # ``warm_pool`` instances prepared whatever the group's desired count (EC2 Auto
-            # Scaling user guide, "Warm pools": pool size = max(min_size, prepared - desired)).
-            asg.add_warm_pool(
-                min_size=warm_pool,
-                max_group_prepared_capacity=warm_pool,
-                pool_state=autoscaling.PoolState.STOPPED,
-                reuse_on_scale_in=False,
-            )
-        cp = ecs.AsgCapacityProvider(
-            self,
-            f"CapacityProvider{sfx}",
-            auto_scaling_group=asg,
-            enable_managed_scaling=True,
-            enable_managed_termination_protection=True,
-            enable_managed_draining=True,
-            target_capacity_percent=100,
-        )
-        self.cluster.add_asg_capacity_provider(cp)
         self.asgs.append(asg)
         if self._capacity_release_fn is not None:
-            self.releases.append(self._capacity_release(self._capacity_release_fn, asg, sfx))
+            self.releases.append(release_resource(self, self._capacity_release_fn, asg, sfx))
         return cp
-
-    def _capacity_release(
-        self, fn: lambda_.IFunction, asg: autoscaling.AutoScalingGroup, sfx: str
-    ) -> CustomResource:
-        """The custom resource that releases the group on deletion, with the function's rights
-        on this group only (DescribeAutoScalingGroups takes no resource ARN)."""
-        stack = Stack.of(self)
-        group = stack.format_arn(
-            service="autoscaling",
-            resource="autoScalingGroup",
-            resource_name=f"*:autoScalingGroupName/{asg.auto_scaling_group_name}",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
-        iam.Grant.add_to_principal(
-            grantee=fn,
-            actions=["autoscaling:UpdateAutoScalingGroup", "autoscaling:SetInstanceProtection"],
-            resource_arns=[group],
-        )
-        iam.Grant.add_to_principal(
-            grantee=fn, actions=["autoscaling:DescribeAutoScalingGroups"], resource_arns=["*"]
-        )
-        release = CustomResource(
-            self,
-            f"CapacityRelease{sfx}",
-            service_token=fn.function_arn,
-            resource_type="Custom::EcsCapacityRelease",
-            properties={"AutoScalingGroupName": asg.auto_scaling_group_name},
-        )
-        release.node.add_dependency(asg)
-        release.node.add_dependency(fn)  # its role and policy outlive the release
-        return release
 
     def services_arn_pattern(self) -> str:
         """The worker services of this cluster (names from :mod:`asyncinfer.core.naming`) as one IAM

@@ -15,10 +15,12 @@ llama.cpp) on the task's GPUs, which the worker container feeds over the task's 
   weights of a large model is not taken for a failure; the worker container starts once the
   engine is ``HEALTHY`` (``dependsOn``), and the worker itself waits for ``/health`` too.
 * Weights: for an ``s3://`` source, a ``weights`` container (the AWS CLI image) runs
-  ``aws s3 sync`` of that prefix to the instance's disk (``/opt/asyncinfer/weights/<model>``,
-  mounted at ``/weights``; kept across tasks, so a later task copies only what changed), and the
-  engine starts after it succeeded; ``ASYNCINFER_WEIGHTS_DIR=/weights`` tells the engine's args
-  where (e.g. ``args: [--model, /weights, --served-model-name, llama-3.1-8b]``).
+  ``aws s3 sync`` of that prefix into the instance's one weights cache (:func:`engine_weights_path`:
+  ``/var/cache/asyncinfer/engine/<model>``, beside the worker's own downloads under
+  ``/var/cache/asyncinfer/s3/``; mounted at ``/weights``; kept across tasks, so a later task
+  copies only what changed), and the engine starts after it succeeded;
+  ``ASYNCINFER_WEIGHTS_DIR=/weights`` tells the engine's args where (e.g. ``args: [--model,
+  /weights, --served-model-name, llama-3.1-8b]``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_logs as logs
 
 from asyncinfer.core import envvars as ev
+from infra.components.ecs_instances import WEIGHTS_CACHE_PATH
 from infra.model_compute import ModelCompute
 
 #: The port the engine serves on inside the task (vLLM's, SGLang's and TGI's images' default
@@ -46,6 +49,16 @@ AWS_CLI_IMAGE = "public.ecr.aws/aws-cli/aws-cli:2.22.35"
 #: Tensor-parallel flags of the engines we know; when ``args`` has one, none is added.
 TP_FLAGS = ("--tensor-parallel-size", "-tp", "--tp", "--tp-size", "--num-shard")
 WEIGHTS_DIR = "/weights"
+#: The folder of :data:`~infra.components.ecs_instances.WEIGHTS_CACHE_PATH` that holds the
+#: engines' synced weights, one subfolder per model (issue 13: one weights cache per instance).
+ENGINE_WEIGHTS_FOLDER = "engine"
+
+
+def engine_weights_path(model: str) -> str:
+    """Where on the instance the ``weights`` container syncs ``model``'s ``s3://`` source:
+    ``/var/cache/asyncinfer/engine/<model>``, in the instance's weights cache (the worker's own
+    downloads are under ``/var/cache/asyncinfer/s3/``, :mod:`asyncinfer.models.weights`)."""
+    return f"{WEIGHTS_CACHE_PATH}/{ENGINE_WEIGHTS_FOLDER}/{model}"
 
 
 def shared_memory_mib(tensor_parallel: int) -> int:
@@ -81,9 +94,7 @@ def add_engine(
     mounts: list[ecs.MountPoint] = []
     prefixes = compute.weight_prefixes
     if prefixes:
-        task_def.add_volume(
-            name="weights", host=ecs.Host(source_path=f"/opt/asyncinfer/weights/{model}")
-        )
+        task_def.add_volume(name="weights", host=ecs.Host(source_path=engine_weights_path(model)))
         mounts = [
             ecs.MountPoint(container_path=WEIGHTS_DIR, source_volume="weights", read_only=False)
         ]

@@ -86,9 +86,12 @@ def test_s3_weights_are_copied_to_the_instance_disk_before_the_engine(eng: Synth
         for t in eng.resources("AWS::ECS::TaskDefinition").values()
         if t["Properties"]["ContainerDefinitions"][0]["Command"][-1] == "llama-8b"
     ]
-    # The engine's weights volume (beside the worker's instance weight cache, weights-cache).
+    # The engine's weights volume: a folder of the worker's instance weight cache (issue 13: one
+    # weights cache per instance), apart from the worker's own downloads (<cache>/s3/).
     (vol,) = [v for v in td["Properties"]["Volumes"] if v["Name"] == "weights"]
-    assert vol["Host"]["SourcePath"] == "/opt/asyncinfer/weights/llama-8b"
+    assert vol["Host"]["SourcePath"] == "/var/cache/asyncinfer/engine/llama-8b"
+    (cache,) = [v for v in td["Properties"]["Volumes"] if v["Name"] == "weights-cache"]
+    assert vol["Host"]["SourcePath"].startswith(cache["Host"]["SourcePath"] + "/")
 
 
 def test_an_engine_image_on_sagemaker_is_refused_naming_the_model() -> None:
