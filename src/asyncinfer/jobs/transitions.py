@@ -31,6 +31,7 @@ from asyncinfer.jobs.record import (
     OUTBOX_MARK,
     OUTBOX_MARK_FIELD,
     OUTBOX_SINCE_FIELD,
+    REQUEUED_MARK,
     RUNNING_MARK,
     _deser,
     _from_ddb,
@@ -117,10 +118,30 @@ class TransitionWriter:
 
     def leased(self, t: Transition) -> Transition:
         """``t`` with a lease (``lease_expires_epoch`` = now + ``Settings.lease_interval``) when
-        it starts an attempt (``-> running``) and sets none of its own; else ``t``."""
-        if t.to_status != lifecycle.RUNNING or LEASE_FIELD in t.set_fields:
+        it starts an attempt (``-> running``) and sets none of its own; a hand-back
+        (:func:`requeue`, which marks the job ``requeued``) with its requeue deadline
+        (:meth:`requeue_deadline`) in the same attribute; else ``t``."""
+        if LEASE_FIELD in t.set_fields:
             return t
-        return replace(t, set_fields={**t.set_fields, LEASE_FIELD: self.lease_until()})
+        if t.to_status == lifecycle.RUNNING:
+            return replace(t, set_fields={**t.set_fields, LEASE_FIELD: self.lease_until()})
+        if t.set_fields.get("running_mark") == REQUEUED_MARK:
+            return replace(t, set_fields={**t.set_fields, LEASE_FIELD: self.requeue_deadline()})
+        return t
+
+    def requeue_deadline(self) -> int:
+        """The requeue deadline (epoch seconds) of a job handed back now: past it, a job still
+        queued at that attempt may have lost its message (the sweeper's safety net,
+        :func:`asyncinfer.functions.sweeper.resend_lost`). Two visibility timeouts, a lease and
+        the longest retry delay (:data:`REQUEUE_GRACE_EXTRA_SECONDS`) from now: longer than any
+        way back of its message through SQS (a dead worker's message comes back at most one
+        visibility timeout after its last heartbeat)."""
+        grace = (
+            2 * self.settings.visibility_timeout_seconds
+            + self.settings.lease_interval
+            + REQUEUE_GRACE_EXTRA_SECONDS
+        )
+        return int(time.time()) + max(1, math.ceil(grace))
 
     def apply(self, t: Transition) -> dict[str, Any]:
         """:meth:`transition` for a :class:`Transition` already built: the new record, or
@@ -217,6 +238,10 @@ class TransitionWriter:
         return True
 
 
+#: Added to a hand-back's requeue grace: the longest delay a worker gives a handed-back message
+#: (``asyncinfer.worker.outcomes.MAX_RETRY_DELAY_SECONDS``), seconds.
+REQUEUE_GRACE_EXTRA_SECONDS = 300
+
 #: More tries of a conditional UpdateItem that met a transaction on its item (see
 #: :meth:`JobStore._update_item`).
 CONFLICT_RETRIES = 4
@@ -285,8 +310,9 @@ class Transition:
         if self.to_status == lifecycle.RUNNING:
             new["running_mark"] = RUNNING_MARK
         else:
-            new.pop("running_mark", None)
-            new.pop(LEASE_FIELD, None)
+            for k in ("running_mark", LEASE_FIELD):
+                if k not in self.set_fields:
+                    new.pop(k, None)
         if self.outboxed:
             new[OUTBOX_FIELD] = sorted({*(new.get(OUTBOX_FIELD) or ()), self.event})
         elif self.clears:
@@ -425,12 +451,16 @@ def start(
 
 def requeue(job_id: str, attempts: int, *, lease_lapsed_before: int | None = None) -> Transition:
     """``running -> queued`` at ``attempts`` (the next start is attempt + 1), without the lost
-    attempt's leftovers; with ``lease_lapsed_before`` (epoch seconds) only if the lease lapsed."""
+    attempt's leftovers; with ``lease_lapsed_before`` (epoch seconds) only if the lease lapsed.
+    The job stays in the running-lease index under the mark ``requeued`` with a requeue deadline
+    (:meth:`TransitionWriter.requeue_deadline`, set by the writer), so that a hand-back whose
+    message is lost is found (:mod:`asyncinfer.jobs.record`)."""
     return Transition(
         job_id,
         from_status=lifecycle.RUNNING,
         to_status=lifecycle.QUEUED,
         attempts=attempts,
+        set_fields={"running_mark": REQUEUED_MARK},
         remove_fields=(*LOST_ATTEMPT_REMOVES, "message_id"),
         lease_lapsed_before=lease_lapsed_before,
     )
@@ -529,3 +559,27 @@ def takeover(record: dict[str, Any], now_epoch: int, max_attempts: int) -> Trans
             **common,
         )
     return requeue(record["job_id"], attempts, lease_lapsed_before=lapsed)
+
+
+def fail_lost_hand_back(record: dict[str, Any], now_epoch: int, reason: str) -> Transition:
+    """``queued -> failed`` with :class:`~asyncinfer.core.errors.MaxAttempts` for a job handed
+    back after it started whose requeue deadline passed before ``now_epoch`` (epoch seconds)
+    with its message presumed lost, when no message is to be sent again (``reason``: why, in the
+    error message). Conditional on the job still queued at its attempt, still marked
+    ``requeued`` and its deadline still past (a start or another hand-back meanwhile wins)."""
+    attempts = int(record.get("attempts") or 0)
+    return Transition(
+        record["job_id"],
+        from_status=lifecycle.QUEUED,
+        to_status=lifecycle.FAILED,
+        attempts=attempts,
+        remove_fields=("output", "progress_tokens"),
+        set_fields={
+            "completed_at": iso(now()),
+            "error": MaxAttempts(
+                f"the job was handed back after attempt {attempts} and {reason}"
+            ).as_dict(),
+        },
+        lease_lapsed_before=now_epoch,
+        expect=(("running_mark", REQUEUED_MARK),),
+    )

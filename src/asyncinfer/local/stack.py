@@ -37,7 +37,7 @@ from asyncinfer.core import envvars as ev
 from asyncinfer.core import logs, topology
 from asyncinfer.core.errors import CatalogueError
 from asyncinfer.core.settings import Settings
-from asyncinfer.functions.sweeper import expire_due, republish_pending, take_back_lapsed
+from asyncinfer.functions.sweeper import sweep
 from asyncinfer.local import shutdown
 from asyncinfer.local.autoscaler import LocalAutoscaler, sqs_queue_counts
 from asyncinfer.local.emulator import start_emulator
@@ -358,13 +358,12 @@ class LocalStack:
         return len(msgs)
 
     def _sweep_loop(self) -> None:
-        """The sweeper (expiry, lease takeover, pending events) every
+        """The sweeper (expiry, lease takeover, lost hand-backs, pending events: one
+        :func:`~asyncinfer.functions.sweeper.sweep`, each step isolated) every
         ``Settings.sweep_seconds`` (a scheduled Lambda in AWS)."""
         while not self.stop_event.wait(self.settings.sweep_seconds):
             try:
-                expire_due(self.settings)
-                take_back_lapsed(self.settings)
-                republish_pending(self.settings)
+                sweep(self.settings)
             except Exception:
                 log.exception("sweep failed")
 
