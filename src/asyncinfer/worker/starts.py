@@ -342,14 +342,23 @@ class Starter:
             if cur.get("started_at") in mine:
                 return cur  # our own write, answered late
             now_epoch = int(time.time())
-            if not leases.lease_lapsed(cur, now_epoch):
+            lapsed = leases.lease_lapsed(cur, now_epoch)
+            if not lapsed and cur.get("message_id"):
                 return self._live(cur, held, now_epoch)
             # The message became visible again while the job was running and its lease lapsed:
             # the worker that held it is gone. Take the job back by the sweeper's rules (queued
             # again, so that the lost worker's late writes are refused; or failed / cancelled).
+            # A live lease on a record that names no message (a start by an older writer, which
+            # recorded none) cannot be tied to this one: the old rule, it is taken back as lost.
             log.warning("job %s: previous attempt %s was lost", job_id, cur.get("attempts"))
+            attempts = int(cur.get("attempts") or 0)
+            take = (
+                leases.takeover(cur, now_epoch, self.max_attempts)
+                if lapsed
+                else transitions.requeue(job_id, attempts)
+            )
             try:
-                back = self.store.apply(leases.takeover(cur, now_epoch, self.max_attempts))
+                back = self.store.apply(take)
             except TransitionRefused:
                 continue
             try:
@@ -364,11 +373,10 @@ class Starter:
     def _live(self, cur: dict[str, Any], held: Held, now_epoch: int) -> Leave:
         """A job running under a live lease, met by ``held``: its worker is alive. A message
         other than the one its attempt started from (``message_id``) is a duplicate (a re-sent
-        or twice-delivered message): deleted. Its own message (or one of a record without a
-        ``message_id``) became visible early (a missed heartbeat): released, visible again once
-        the lease or the attempt's timeout (``started_at + timeout_seconds``) has run out, when
-        its redelivery finds the job finished or its worker gone; never requeued from a live
-        worker."""
+        or twice-delivered message): deleted. Its own message became visible early (a missed
+        heartbeat): released, visible again once the lease or the attempt's timeout
+        (``started_at + timeout_seconds``) has run out, when its redelivery finds the job
+        finished or its worker gone; never requeued from a live worker."""
         job_id = cur["job_id"]
         running_from = cur.get("message_id")
         if running_from and running_from != held.message_id:
