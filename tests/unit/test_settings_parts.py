@@ -83,7 +83,8 @@ def test_the_parts_leave_out_what_their_component_has_no_use_for() -> None:
     assert not fields(DlqSettings) & (webhook_only | secrets | batches | {"queue_urls"})
     assert not fields(CompletionSettings) & (secrets | {"queue_urls", "sagemaker_endpoints"})
     assert not fields(BridgeSettings) & (webhook_only | secrets | {"queue_urls", "ecs_cluster"})
-    assert not fields(ApiSettings) & (webhook_only | batches | {"visibility_timeout_seconds"})
+    # (Every part with the job store holds the visibility timeout: a hand-back's requeue deadline.)
+    assert not fields(ApiSettings) & (webhook_only | batches | {"heartbeat_interval"})
     assert not fields(ScalingSettings) & ({"table_name", "bucket", "topic_arn"} | secrets)
     assert not fields(OpenAISettings) & (webhook_only | secrets)
 

@@ -267,6 +267,11 @@ class TransitionRefused(AsyncInferError):
         self.current = current
 
 
+class SweepFailed(AsyncInferError):
+    """One or more steps of a sweep raised (each step runs even when another failed; the sweeper
+    Lambda raises this at the end so that its error metric and alarm show the fault)."""
+
+
 class ConfigError(AsyncInferError):
     """Settings that cannot work together; the message lists every problem at once."""
 

@@ -40,6 +40,10 @@ class StoreConfig(TableConfig, Protocol):
     def lease_interval(self) -> int:
         """Seconds a running job's lease lasts from its start or last renewal."""
 
+    @property
+    def visibility_timeout_seconds(self) -> int:
+        """The job queues' visibility timeout, seconds (a hand-back's requeue deadline)."""
+
 
 class PayloadConfig(AwsConfig, Protocol):
     """What :class:`asyncinfer.aws.payloads.PayloadStore` reads."""

@@ -127,6 +127,7 @@ class EventsPart(AwsPart):
 
     table_name: str
     lease_interval: int
+    visibility_timeout_seconds: int  # a hand-back's requeue deadline (JobStore.requeue_deadline)
     bucket: str
     max_input_bytes: int
     topic_arn: str
@@ -165,7 +166,6 @@ class WorkerSettings(EventsPart, QueuesPart):
 
     models_file: Path | None
     max_receive_count: int
-    visibility_timeout_seconds: int
     heartbeat_interval: float
     receive_wait_seconds: int
     receive_max_messages: int
@@ -188,6 +188,7 @@ class WebhookSettings(AwsPart):
 
     table_name: str
     lease_interval: int
+    visibility_timeout_seconds: int  # the job store's requeue deadline (JobStore.requeue_deadline)
     webhook_queue_url: str
     webhook_dlq_url: str
     webhook_secrets_key: str

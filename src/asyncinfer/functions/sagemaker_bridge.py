@@ -249,7 +249,9 @@ class Bridge:
             self.publish(back)
             if back["status"] != lifecycle.QUEUED:
                 return True
-        return True
+        # Taken back to the queue but not started (another bridge won each time): the job needs
+        # this message; acknowledging it would leave the job queued without one.
+        return False
 
     def _expire(self, job_id: str) -> bool:
         """Expire a never started job; False when it was not (it started before, or moved on)."""

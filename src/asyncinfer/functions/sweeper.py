@@ -1,4 +1,4 @@
-"""The sweeper. Three sweeps, each through the store's conditional transitions:
+"""The sweeper. Four sweeps, each through the store's conditional transitions:
 
 * expiry: queued jobs whose ``ttl_seconds`` passed before their first attempt become
   ``expired`` (error code ``expired``) and ``job.expired`` is published, even while no worker
@@ -17,7 +17,16 @@
   (the record has an ``inference_id``), so the sweeper sends the job's message again, built from
   the record, *before* the takeover write: a bridge that gets it first finds the job running with
   a lapsed lease and takes it back itself, and if the takeover write then fails the message still
-  exists.
+  exists;
+* lost hand-backs: a job handed back to the queue after it started (``queued``, attempts > 0: a
+  retry, a takeover, a worker's recovery or stop) is in neither sweep above, so a lost message
+  would leave it ``queued`` for ever. The hand-back keeps it in the running-lease index under the
+  mark ``requeued`` with a requeue deadline (:mod:`asyncinfer.jobs.record`); a job still queued
+  at that attempt past it gets its message sent again, built from the record, and a new
+  deadline (:func:`resend_lost`). A duplicate is harmless: the worker that meets a job running
+  under a live lease from another message deletes it (:mod:`asyncinfer.worker.starts`).
+
+Each sweep runs even when another one failed (:func:`handler`).
 
 In AWS a Lambda runs it every minute (EventBridge schedule); the local stack runs it every
 ``Settings.sweep_seconds`` (5 s).
@@ -27,6 +36,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
@@ -34,13 +45,15 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from asyncinfer.aws import clients
 from asyncinfer.core import lifecycle
+from asyncinfer.core.errors import SweepFailed, TransitionRefused
 from asyncinfer.core.observability import instrument, powertools
 from asyncinfer.core.settings import get_settings
 from asyncinfer.core.settings_parts import SweeperSettings
-from asyncinfer.jobs import leases, outbox
+from asyncinfer.core.timeutil import now, parse
+from asyncinfer.jobs import leases, outbox, transitions
 from asyncinfer.jobs.events import EventPublisher
 from asyncinfer.jobs.messages import JobMessage
-from asyncinfer.jobs.record import JobRecord
+from asyncinfer.jobs.record import LEASE_FIELD, REQUEUED_MARK, JobRecord
 from asyncinfer.jobs.store import JobStore
 
 log = logging.getLogger("asyncinfer.functions.sweeper")
@@ -141,13 +154,109 @@ def _take_back_one(
         return None
     transition = leases.takeover(record, now_epoch, settings.max_receive_count)
     if transition.to_status == lifecycle.QUEUED and _message_acknowledged(record):
-        message = message_from_record(record)
-        sqs.send_message(
-            QueueUrl=settings.queue_url(record["model"], record.get("priority") or "normal"),
-            MessageBody=message.dumps(),
-            MessageGroupId=message.group_id,  # fair queues (asyncinfer.jobs.messages)
-        )
+        _send_again(sqs, settings, record)
     return leases.take_back(store, record, now_epoch, settings)
+
+
+def _send_again(sqs: Any, settings: SweeperSettings, record: JobRecord) -> None:
+    """Send the job's message again, built from its record, to its model's queue."""
+    message = message_from_record(record)
+    sqs.send_message(
+        QueueUrl=settings.queue_url(record["model"], record.get("priority") or "normal"),
+        MessageBody=message.dumps(),
+        MessageGroupId=message.group_id,  # fair queues (asyncinfer.jobs.messages)
+    )
+
+
+def resend_lost(settings: SweeperSettings, *, limit: int = 500) -> dict[str, list[str]]:
+    """The safety net of hand-backs (see the module docstring): up to ``limit`` jobs handed back
+    after they started whose requeue deadline passed while they stayed queued at that attempt.
+    Each one is
+
+    * ``failed`` (``max_attempts``) when its ``attempts`` reached ``Settings.max_receive_count``
+      (no attempt is left to start);
+    * else sent its message again, built from the record, when the record names its input
+      (``input_ref``: inputs stored in S3, and every SageMaker job), and given a new deadline
+      (:meth:`JobStore.requeue_deadline`): at most one duplicate message per grace;
+    * else (an inline input the record does not hold) left for its message while its TTL runs
+      (new deadline), and ``failed`` (``max_attempts``) once the TTL passed: its message cannot
+      be rebuilt.
+
+    Every write is conditional on the job still queued at that attempt (a start meanwhile wins).
+    Returns ``{"resent": [ids], "failed": [ids]}``. One job's AWS fault is logged and skipped."""
+    store = JobStore(settings)
+    events = EventPublisher(settings)
+    sqs = clients.client("sqs", settings)
+    out: dict[str, list[str]] = {"resent": [], "failed": []}
+    seen: set[str] = set()
+    now_epoch = int(time.time())
+    start: dict[str, Any] | None = None
+    for _ in range(max(1, limit)):
+        page, start = store.running_past_lease_page(
+            now_epoch, limit=min(LEASE_PAGE, limit), start=start, mark=REQUEUED_MARK
+        )
+        for job_id in [j for j in page if j not in seen]:
+            seen.add(job_id)
+            try:
+                what = _resend_one(store, events, sqs, settings, job_id, now_epoch)
+            except Exception:  # one job's AWS fault must not stop the sweep; next round retries
+                log.exception("could not resend the message of job %s", job_id)
+                continue
+            if what is not None:
+                out[what].append(job_id)
+        if start is None or len(seen) >= limit:
+            break
+    if out["resent"] or out["failed"]:
+        log.warning(
+            "handed-back jobs past their requeue deadline: %d messages sent again, %d failed",
+            len(out["resent"]),
+            len(out["failed"]),
+        )
+    return out
+
+
+def _resend_one(
+    store: JobStore,
+    events: EventPublisher,
+    sqs: Any,
+    settings: SweeperSettings,
+    job_id: str,
+    now_epoch: int,
+) -> str | None:
+    record = store.get(job_id)
+    if (
+        record is None
+        or record.get("status") != lifecycle.QUEUED
+        or record.get("running_mark") != REQUEUED_MARK
+        or int(record.get(LEASE_FIELD) or 0) >= now_epoch
+    ):
+        return None
+    attempts = int(record.get("attempts") or 0)
+    reason = None
+    if attempts >= settings.max_receive_count:
+        reason = "no attempt is left"
+    elif not record.get("input_ref") and parse(record["expires_at"]) <= now():
+        reason = "its message was lost with its inline input"
+    if reason is not None:
+        try:
+            failed = store.apply(transitions.fail_lost_hand_back(record, now_epoch, reason))
+        except TransitionRefused:
+            return None
+        _publish(events, failed)
+        return "failed"
+    if record.get("input_ref"):
+        _send_again(sqs, settings, record)
+    else:
+        log.error(
+            "job %s: handed back, queued past its deadline, its input not in the record", job_id
+        )
+    moved = store.update_fields(
+        job_id,
+        status=lifecycle.QUEUED,
+        attempts=attempts,
+        set_fields={LEASE_FIELD: store.requeue_deadline()},
+    )
+    return "resent" if record.get("input_ref") and moved else None
 
 
 def _message_acknowledged(record: JobRecord) -> bool:
@@ -173,19 +282,64 @@ def message_from_record(record: JobRecord) -> JobMessage:
     )
 
 
+@dataclass
+class Sweep:
+    """What one :func:`sweep` did: counts per step, and the steps that raised (name, error)."""
+
+    expired: int = 0
+    taken_back: int = 0
+    resent: int = 0
+    failed_hand_backs: int = 0
+    republished: int = 0
+    errors: list[tuple[str, Exception]] = field(default_factory=list)
+
+
+def sweep(settings: SweeperSettings) -> Sweep:
+    """One round of every sweep, in order: :func:`expire_due`, :func:`take_back_lapsed`,
+    :func:`resend_lost`, :func:`republish_pending`. Each step runs even when an earlier one
+    raised (an AWS fault in the expiry sweep no longer leaves lapsed leases and pending events
+    for the next round); a step that raised is logged and listed in ``errors``. Never raises
+    (the caller decides: the Lambda raises :class:`~asyncinfer.core.errors.SweepFailed`)."""
+    out = Sweep()
+
+    def step(name: str, run: Callable[[], Any]) -> Any:
+        try:
+            return run()
+        except Exception as exc:
+            log.exception("sweep step %s failed", name)
+            out.errors.append((name, exc))
+            return None
+
+    out.expired = len(step("expire_due", lambda: expire_due(settings)) or ())
+    out.taken_back = len(step("take_back_lapsed", lambda: take_back_lapsed(settings)) or ())
+    lost = step("resend_lost", lambda: resend_lost(settings)) or {}
+    out.resent, out.failed_hand_backs = len(lost.get("resent", ())), len(lost.get("failed", ()))
+    out.republished = step("republish_pending", lambda: republish_pending(settings)) or 0
+    return out
+
+
 logger, tracer, metrics = powertools("asyncinfer-sweeper")
 
 
 @instrument(logger, tracer, metrics)
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    """The scheduled sweeper Lambda: ``{"expired": <count>, "taken_back": <count>}``; metrics
-    ``JobsExpired``, ``LeasesLapsed`` and ``EventsRepublished`` (pending events published
-    again)."""
-    settings = get_settings().sweeper
-    count = len(expire_due(settings))
-    metrics.add_metric(name="JobsExpired", unit=MetricUnit.Count, value=count)
-    taken = len(take_back_lapsed(settings))
-    metrics.add_metric(name="LeasesLapsed", unit=MetricUnit.Count, value=taken)
-    republished = republish_pending(settings)
-    metrics.add_metric(name="EventsRepublished", unit=MetricUnit.Count, value=republished)
-    return {"expired": count, "taken_back": taken}
+    """The scheduled sweeper Lambda (:func:`sweep`): ``{"expired": <count>, "taken_back":
+    <count>}``; metrics ``JobsExpired``, ``LeasesLapsed``, ``HandBacksResent`` /
+    ``HandBacksFailed`` (:func:`resend_lost`), ``EventsRepublished`` (pending events published
+    again) and ``SweepStepErrors`` (steps that raised). After a step raised, the other steps
+    still run and :class:`~asyncinfer.core.errors.SweepFailed` is raised at the end, so the
+    Lambda's ``Errors`` metric and alarm show it."""
+    done = sweep(get_settings().sweeper)
+    for name, value in (
+        ("JobsExpired", done.expired),
+        ("LeasesLapsed", done.taken_back),
+        ("HandBacksResent", done.resent),
+        ("HandBacksFailed", done.failed_hand_backs),
+        ("EventsRepublished", done.republished),
+        ("SweepStepErrors", len(done.errors)),
+    ):
+        metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
+    if done.errors:
+        steps = ", ".join(name for name, _ in done.errors)
+        raise SweepFailed(f"sweep steps failed: {steps}") from done.errors[0][1]
+    return {"expired": done.expired, "taken_back": done.taken_back}

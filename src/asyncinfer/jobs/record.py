@@ -16,7 +16,11 @@ Table design (the CDK app and the local stack create it the same way):
   KEYS_ONLY: the sweeper finds running jobs whose lease lapsed (their worker is gone) without a
   scan. Every ``-> running`` transition sets both (the lease from ``Settings.lease_interval``
   unless the transition sets its own), :meth:`JobStore.renew_leases` moves the lease on, and
-  every transition out of ``running`` removes both;
+  every transition out of ``running`` removes both. A job handed back to the queue after it
+  started (:func:`asyncinfer.jobs.transitions.requeue`) stays in this index under the mark
+  ``requeued``, with a *requeue deadline* as ``lease_expires_epoch`` (now + the requeue grace,
+  longer than its message's way back through SQS): the sweeper sends the message of a job still
+  queued at that attempt past it again (its message may be lost), or fails it;
 * sparse GSI ``outbox-index``: partition key ``outbox_mark`` (S, present while the record has
   pending events), sort key ``outbox_since`` (N, epoch seconds of the oldest), projection
   KEYS_ONLY: the sweeper republishes events whose publish failed (:mod:`asyncinfer.jobs.outbox`);
@@ -49,6 +53,9 @@ QUEUED_MARK = "queued"
 RUNNING_INDEX = "running-lease-index"
 #: Partition key value of that index: set while a job is ``running``, removed when it leaves.
 RUNNING_MARK = "running"
+#: Partition key value of that index for a job handed back after it started (``queued``, attempts
+#: > 0): its ``lease_expires_epoch`` is then the requeue deadline (the sweeper's safety net).
+REQUEUED_MARK = "requeued"
 #: The running job's lease attribute (epoch seconds): past it, the job has no live worker.
 LEASE_FIELD: Final = "lease_expires_epoch"
 

@@ -26,6 +26,7 @@ from asyncinfer.jobs.record import (
     LEASE_FIELD,
     QUEUED_INDEX,
     QUEUED_MARK,
+    REQUEUED_MARK,
     RUNNING_INDEX,
     RUNNING_MARK,
     TENANT_INDEX,
@@ -41,6 +42,7 @@ __all__ = [
     "LEASE_FIELD",
     "QUEUED_INDEX",
     "QUEUED_MARK",
+    "REQUEUED_MARK",
     "RUNNING_INDEX",
     "RUNNING_MARK",
     "TENANT_INDEX",
@@ -139,17 +141,24 @@ class JobStore(BatchWriter):
         return self.running_past_lease_page(now_epoch, limit)[0]
 
     def running_past_lease_page(
-        self, now_epoch: int, limit: int = 100, start: dict[str, Any] | None = None
+        self,
+        now_epoch: int,
+        limit: int = 100,
+        start: dict[str, Any] | None = None,
+        *,
+        mark: str = RUNNING_MARK,
     ) -> tuple[list[str], dict[str, Any] | None]:
         """:meth:`running_past_lease` one page at a time: ``(ids, next)``, where ``next`` is the
         GSI key to pass as ``start`` for the following page (``None`` after the last), so a
-        sweep goes past jobs it could not take back instead of reading them again."""
+        sweep goes past jobs it could not take back instead of reading them again. ``mark``
+        :data:`REQUEUED_MARK`: the jobs handed back after they started whose requeue deadline
+        passed before ``now_epoch`` instead (:mod:`asyncinfer.jobs.record`)."""
         params: dict[str, Any] = {
             "TableName": self.table,
             "IndexName": RUNNING_INDEX,
             "KeyConditionExpression": "running_mark = :m AND lease_expires_epoch < :now",
             "ExpressionAttributeValues": {
-                ":m": {"S": RUNNING_MARK},
+                ":m": {"S": mark},
                 ":now": {"N": str(now_epoch)},
             },
             "Limit": limit,

@@ -21,7 +21,7 @@ from typing import Any
 from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import JobCancelled, JobExpired, MaxAttempts
 from asyncinfer.core.timeutil import iso, now
-from asyncinfer.jobs.record import LEASE_FIELD, JobRecord
+from asyncinfer.jobs.record import LEASE_FIELD, REQUEUED_MARK, JobRecord
 from asyncinfer.jobs.update import (
     Transition,
     TransitionOutcome,
@@ -44,6 +44,7 @@ __all__ = [
     "cancel_queued",
     "dead_letter",
     "expire",
+    "fail_lost_hand_back",
     "requeue",
     "start",
     "takeover",
@@ -84,12 +85,16 @@ def start(
 
 def requeue(job_id: str, attempts: int, *, lease_lapsed_before: int | None = None) -> Transition:
     """``running -> queued`` at ``attempts`` (the next start is attempt + 1), without the lost
-    attempt's leftovers; with ``lease_lapsed_before`` (epoch seconds) only if the lease lapsed."""
+    attempt's leftovers; with ``lease_lapsed_before`` (epoch seconds) only if the lease lapsed.
+    The job stays in the running-lease index under the mark ``requeued`` with a requeue deadline
+    (:meth:`TransitionWriter.requeue_deadline`, set by the writer), so that a hand-back whose
+    message is lost is found (:mod:`asyncinfer.jobs.record`)."""
     return Transition(
         job_id,
         from_status=lifecycle.RUNNING,
         to_status=lifecycle.QUEUED,
         attempts=attempts,
+        set_fields={"running_mark": REQUEUED_MARK},
         remove_fields=(*LOST_ATTEMPT_REMOVES, "message_id"),
         lease_lapsed_before=lease_lapsed_before,
     )
@@ -188,3 +193,27 @@ def takeover(record: JobRecord, now_epoch: int, max_attempts: int) -> Transition
             **common,
         )
     return requeue(record["job_id"], attempts, lease_lapsed_before=lapsed)
+
+
+def fail_lost_hand_back(record: JobRecord, now_epoch: int, reason: str) -> Transition:
+    """``queued -> failed`` with :class:`~asyncinfer.core.errors.MaxAttempts` for a job handed
+    back after it started whose requeue deadline passed before ``now_epoch`` (epoch seconds)
+    with its message presumed lost, when no message is to be sent again (``reason``: why, in the
+    error message). Conditional on the job still queued at its attempt, still marked
+    ``requeued`` and its deadline still past (a start or another hand-back meanwhile wins)."""
+    attempts = int(record.get("attempts") or 0)
+    return Transition(
+        record["job_id"],
+        from_status=lifecycle.QUEUED,
+        to_status=lifecycle.FAILED,
+        attempts=attempts,
+        remove_fields=("output", "progress_tokens"),
+        set_fields={
+            "completed_at": iso(now()),
+            "error": MaxAttempts(
+                f"the job was handed back after attempt {attempts} and {reason}"
+            ).as_dict(),
+        },
+        lease_lapsed_before=now_epoch,
+        expect=(("running_mark", REQUEUED_MARK),),
+    )

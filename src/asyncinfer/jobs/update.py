@@ -98,8 +98,9 @@ class Transition:
         if self.to_status == lifecycle.RUNNING:
             new["running_mark"] = RUNNING_MARK
         else:
-            new.pop("running_mark", None)
-            new.pop(LEASE_FIELD, None)
+            for k in ("running_mark", LEASE_FIELD):
+                if k not in self.set_fields:
+                    new.pop(k, None)
         if self.outboxed:
             new[OUTBOX_FIELD] = sorted({*(new.get(OUTBOX_FIELD) or ()), self.event})
         elif self.clears:

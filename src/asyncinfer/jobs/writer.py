@@ -25,7 +25,14 @@ from botocore.exceptions import ClientError
 
 from asyncinfer.core import lifecycle
 from asyncinfer.core.settings_needs import StoreConfig
-from asyncinfer.jobs.record import LEASE_FIELD, JobRecord, _ser, _to_ddb, record_from_item
+from asyncinfer.jobs.record import (
+    LEASE_FIELD,
+    REQUEUED_MARK,
+    JobRecord,
+    _ser,
+    _to_ddb,
+    record_from_item,
+)
 from asyncinfer.jobs.update import Transition, _refused, _update_params
 
 
@@ -105,10 +112,30 @@ class TransitionWriter:
 
     def leased(self, t: Transition) -> Transition:
         """``t`` with a lease (``lease_expires_epoch`` = now + ``Settings.lease_interval``) when
-        it starts an attempt (``-> running``) and sets none of its own; else ``t``."""
-        if t.to_status != lifecycle.RUNNING or LEASE_FIELD in t.set_fields:
+        it starts an attempt (``-> running``) and sets none of its own; a hand-back
+        (:func:`~asyncinfer.jobs.transitions.requeue`, which marks the job ``requeued``) with its
+        requeue deadline (:meth:`requeue_deadline`) in the same attribute; else ``t``."""
+        if LEASE_FIELD in t.set_fields:
             return t
-        return replace(t, set_fields={**t.set_fields, LEASE_FIELD: self.lease_until()})
+        if t.to_status == lifecycle.RUNNING:
+            return replace(t, set_fields={**t.set_fields, LEASE_FIELD: self.lease_until()})
+        if t.set_fields.get("running_mark") == REQUEUED_MARK:
+            return replace(t, set_fields={**t.set_fields, LEASE_FIELD: self.requeue_deadline()})
+        return t
+
+    def requeue_deadline(self) -> int:
+        """The requeue deadline (epoch seconds) of a job handed back now: past it, a job still
+        queued at that attempt may have lost its message (the sweeper's safety net,
+        :func:`asyncinfer.functions.sweeper.resend_lost`). Two visibility timeouts, a lease and
+        the longest retry delay (:data:`REQUEUE_GRACE_EXTRA_SECONDS`) from now: longer than any
+        way back of its message through SQS (a dead worker's message comes back at most one
+        visibility timeout after its last heartbeat)."""
+        grace = (
+            2 * self.settings.visibility_timeout_seconds
+            + self.settings.lease_interval
+            + REQUEUE_GRACE_EXTRA_SECONDS
+        )
+        return int(time.time()) + max(1, math.ceil(grace))
 
     def apply(self, t: Transition) -> JobRecord:
         """:meth:`transition` for a :class:`Transition` already built: the new record, or
@@ -191,6 +218,11 @@ class TransitionWriter:
                 return False
             raise
         return True
+
+
+#: Added to a hand-back's requeue grace: the longest delay a worker gives a handed-back message
+#: (``asyncinfer.worker.outcomes.MAX_RETRY_DELAY_SECONDS``), seconds.
+REQUEUE_GRACE_EXTRA_SECONDS = 300
 
 
 #: More tries of a conditional UpdateItem that met a transaction on its item (see

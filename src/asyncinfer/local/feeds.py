@@ -19,7 +19,7 @@ from asyncinfer.aws import clients
 from asyncinfer.core import topology
 from asyncinfer.core.settings_needs import AwsConfig
 from asyncinfer.core.settings_parts import SweeperSettings
-from asyncinfer.functions.sweeper import expire_due, republish_pending, take_back_lapsed
+from asyncinfer.functions.sweeper import sweep
 from asyncinfer.local.event_source import pump_once
 from asyncinfer.local.lambda_runtime import LambdaPool
 from asyncinfer.local.resources import Resources
@@ -33,13 +33,13 @@ BATCH_EVENTS_HANDLER = "asyncinfer.openai_api.finalize:handler"
 
 
 def sweep_loop(stop: threading.Event, settings: SweeperSettings) -> None:
-    """The sweeper (expiry, lease takeover, pending events) every ``settings.sweep_seconds``
-    until ``stop`` is set (a scheduled Lambda in AWS); a failed sweep is logged."""
+    """The sweeper (expiry, lease takeover, lost hand-backs, pending events: one
+    :func:`~asyncinfer.functions.sweeper.sweep`, each step isolated) every
+    ``settings.sweep_seconds`` until ``stop`` is set (a scheduled Lambda in AWS); a failed sweep
+    is logged."""
     while not stop.wait(settings.sweep_seconds):
         try:
-            expire_due(settings)
-            take_back_lapsed(settings)
-            republish_pending(settings)
+            sweep(settings)
         except Exception:
             log.exception("sweep failed")
 

@@ -189,6 +189,7 @@ class Worker:
             journal=self.journal,
             stop_event=self.interrupt,
             retry_delay_seconds=settings.retry_delay_seconds,
+            max_attempts=settings.max_receive_count,
         )
         self.watcher = Watcher(
             self.store,

@@ -4,9 +4,12 @@ For each message taken (steps 1-3 of :mod:`asyncinfer.worker.runner`): parse it 
 TTL passed while queued for its first attempt becomes ``expired``); ``queued -> running``
 (attempts + 1; the store adds the job's lease), in one TransactWriteItems call with the pending
 terminal writes where the message carries the whole record, else alone with UpdateItem; a job
-found ``running`` (its last worker was lost: the message became visible again) goes ``running ->
-queued -> running`` so the lost worker's late writes are refused; then read and validate the
-input.
+found ``running`` is recovered by its lease (:mod:`asyncinfer.jobs.leases`): under a lapsed lease
+its worker is gone, and the job is taken back by the sweeper's rules (``running -> queued ->
+running``, so the lost worker's late writes are refused); under a live lease its worker is alive:
+a message other than the one its attempt started from is a duplicate (deleted), and its own
+message is released until the lease or the attempt's timeout runs out. A message whose job may
+still need it (queued, or running from it) is never deleted. Then read and validate the input.
 
 The start transition is built in one place, :func:`start_transition`.
 """
@@ -18,7 +21,7 @@ import threading
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from pydantic import ValidationError
 
@@ -26,10 +29,10 @@ from asyncinfer.aws.payloads import PayloadStore
 from asyncinfer.core import lifecycle
 from asyncinfer.core.errors import InvalidInput, JobError, TransitionRefused
 from asyncinfer.core.timeutil import iso, now, parse
-from asyncinfer.jobs import transitions
+from asyncinfer.jobs import leases, transitions
 from asyncinfer.jobs.events import EventPublisher
 from asyncinfer.jobs.messages import JobMessage
-from asyncinfer.jobs.record import JobRecord, refused_record
+from asyncinfer.jobs.record import LEASE_FIELD, JobRecord, refused_record
 from asyncinfer.jobs.store import JobStore, Transition
 from asyncinfer.models.base import WorkItem
 from asyncinfer.models.registry import ModelSpec
@@ -42,6 +45,23 @@ log = logging.getLogger("asyncinfer.worker")
 
 #: Terminal statuses a worker writes, whose event a redelivery publishes again.
 REPUBLISHED = (lifecycle.SUCCEEDED, lifecycle.FAILED, lifecycle.CANCELLED)
+#: Longest a message can stay hidden (SQS ChangeMessageVisibility: 12 hours), seconds.
+MAX_VISIBILITY_SECONDS = 43_200
+#: Added to the time a live attempt may still hold its job before its own message, received
+#: again, comes back (clock skew, the sweeper's period), seconds.
+RELEASE_MARGIN_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Leave:
+    """What becomes of a held message whose job did not start: ``delete`` it (the job no longer
+    needs it) or ``release`` it, visible again after ``delay`` seconds (the job may need it)."""
+
+    action: Literal["delete", "release"]
+    delay: float = 0.0
+
+
+DELETE = Leave("delete")
 
 
 def start_transition(
@@ -77,6 +97,8 @@ class Starter:
         journal: the pending writes (starts share their transaction) and the event buffer.
         stop_event: set when running jobs must be given back (each item's ``stop_event``).
         retry_delay_seconds: how long a message that could not be started stays hidden.
+        max_attempts: the attempts a job gets (``Settings.max_receive_count``): a lost attempt
+            past them fails the job with ``max_attempts`` (the sweeper's takeover rules).
     """
 
     def __init__(
@@ -90,6 +112,7 @@ class Starter:
         journal: Journal,
         stop_event: threading.Event,
         retry_delay_seconds: float,
+        max_attempts: int = 3,
     ) -> None:
         self.spec = spec
         self.store = store
@@ -99,6 +122,7 @@ class Starter:
         self.journal = journal
         self.stop_event = stop_event
         self.retry_delay_seconds = retry_delay_seconds
+        self.max_attempts = max_attempts
 
     def start_many(self, held: list[Held], running: Collection[str]) -> list[Started]:
         """Start the jobs of ``held`` in one write with the pending terminal writes (even for
@@ -250,8 +274,11 @@ class Starter:
         started_at: str | None = None,
     ) -> JobRecord | None:
         """``queued -> running`` with UpdateItem; recovers a job whose last worker was lost.
-        ``None`` when the job is gone, cancelled or finished: its message ``held`` is then
-        deleted (after the republished event, if any).
+        ``None`` when the job did not start: its message ``held`` is then deleted when the job
+        no longer needs it (gone, finished, or running under a live lease from another message:
+        a duplicate), after the republished event if any; else released (the job is queued but
+        could not be started now, or runs under a live lease from this very message: SQS
+        redelivers it, and maxReceiveCount with the DLQ handler ends the job if it never starts).
 
         ``refused``: a transaction's refusal of this start, to decide from before writing.
         ``started_at``: the start time a transaction of this worker may already have written
@@ -262,12 +289,16 @@ class Starter:
         the terminal event is published again (at least once; webhook receivers dedupe on the
         ``webhook-id``, which is the same for the same job, event and attempt). So is a job
         this worker's kind cancelled while it ran (``job.cancelled``, issue 14)."""
-        record = self._mark_running(
+        got = self._mark_running(
             job_id, held, redelivered=redelivered, refused=refused, started_at=started_at
         )
-        if record is None and not held.finished:
-            self.held.delete_later(held)
-        return record
+        if isinstance(got, Leave):
+            if got.action == "release":
+                self.held.release([held], delay=got.delay)
+            elif not held.finished:
+                self.held.delete_later(held)
+            return None
+        return got
 
     def _mark_running(
         self,
@@ -277,7 +308,7 @@ class Starter:
         redelivered: bool,
         refused: TransitionRefused | None,
         started_at: str | None,
-    ) -> JobRecord | None:
+    ) -> JobRecord | Leave:
         mine = {started_at} if started_at else set()
         for _ in range(3):
             exc, refused = refused, None
@@ -303,25 +334,74 @@ class Starter:
                 ):
                     held.finished = True  # deleted once the event is out
                     self.journal.event(cur, then_delete=held)
-                return None
+                return DELETE
             if cur["status"] == lifecycle.QUEUED:
                 continue  # queued at another attempt than a transaction assumed: write it alone
             if cur["status"] != lifecycle.RUNNING:
-                return None
+                return Leave("release", self.retry_delay_seconds)
             if cur.get("started_at") in mine:
                 return cur  # our own write, answered late
-            # The message became visible again while the job was running: the worker that
-            # held it is gone. Put the job back so that its late writes are refused.
+            now_epoch = int(time.time())
+            lapsed = leases.lease_lapsed(cur, now_epoch)
+            if not lapsed and cur.get("message_id"):
+                return self._live(cur, held, now_epoch)
+            # The message became visible again while the job was running and its lease lapsed:
+            # the worker that held it is gone. Take the job back by the sweeper's rules (queued
+            # again, so that the lost worker's late writes are refused; or failed / cancelled).
+            # A live lease on a record that names no message (a start by an older writer, which
+            # recorded none) cannot be tied to this one: the old rule, it is taken back as lost.
             log.warning("job %s: previous attempt %s was lost", job_id, cur.get("attempts"))
+            attempts = int(cur.get("attempts") or 0)
+            take = (
+                leases.takeover(cur, now_epoch, self.max_attempts)
+                if lapsed
+                else transitions.requeue(job_id, attempts)
+            )
             try:
-                back = self.store.apply(transitions.requeue(job_id, int(cur.get("attempts") or 0)))
+                back = self.store.apply(take)
             except TransitionRefused:
                 continue
             try:
                 self.publisher.publish(back)
             except Exception:  # it stays in the record's outbox; the sweeper publishes it
-                log.exception("job.queued of %s not published", job_id)
-        return None
+                log.exception("%s of %s not published", back["status"], job_id)
+            if back["status"] != lifecycle.QUEUED:
+                return DELETE  # failed (max_attempts) or cancelled: its message is done
+        # Still not started (queued, or a race lost every time): the job needs its message.
+        return Leave("release", self.retry_delay_seconds)
+
+    def _live(self, cur: JobRecord, held: Held, now_epoch: int) -> Leave:
+        """A job running under a live lease, met by ``held``: its worker is alive. A message
+        other than the one its attempt started from (``message_id``) is a duplicate (a re-sent
+        or twice-delivered message): deleted. Its own message became visible early (a missed
+        heartbeat): released, visible again once the lease or the attempt's timeout
+        (``started_at + timeout_seconds``) has run out, when its redelivery finds the job
+        finished or its worker gone; never requeued from a live worker."""
+        job_id = cur["job_id"]
+        running_from = cur.get("message_id")
+        if running_from and running_from != held.message_id:
+            log.info(
+                "job %s runs from message %s: %s is a duplicate",
+                job_id,
+                running_from,
+                held.message_id,
+            )
+            return DELETE
+        until = float(cur.get(LEASE_FIELD) or now_epoch)
+        if cur.get("started_at") and cur.get("timeout_seconds"):
+            ends = parse(cur["started_at"]).timestamp() + float(cur["timeout_seconds"])
+            until = max(until, ends)
+        delay = min(
+            MAX_VISIBILITY_SECONDS,
+            max(self.retry_delay_seconds, until - now_epoch + RELEASE_MARGIN_SECONDS),
+        )
+        log.info(
+            "job %s runs under a live lease: message %s back in %.0f s",
+            job_id,
+            held.message_id,
+            delay,
+        )
+        return Leave("release", delay)
 
 
 def queued_record(msg: JobMessage) -> JobRecord:

@@ -25,7 +25,7 @@ from typing import Any
 from asyncinfer.aws.payloads import dumps
 from asyncinfer.core import lifecycle
 from asyncinfer.jobs.store import JobStore
-from asyncinfer.worker.held import HeldMessages
+from asyncinfer.worker.held import SQS_BATCH, HeldMessages, by_queue
 from asyncinfer.worker.inflight import Held
 from asyncinfer.worker.journal import Journal
 
@@ -87,11 +87,24 @@ class Watcher:
 
     def heartbeat(self) -> None:
         """Extend the visibility timeout of every held message, started or not
-        (ChangeMessageVisibilityBatch), and renew the lease of every running job
-        (:meth:`renew_leases`)."""
+        (ChangeMessageVisibilityBatch, queue by queue, 10 a call), and renew the lease of every
+        running job (:meth:`renew_leases`). Each call and the renewal are isolated: one queue's
+        SQS fault (logged) neither skips the other queues nor the lease renewals, which keep the
+        jobs this worker runs from being taken back. Raises nothing."""
         held = self.held.inflight.snapshot()
-        self.held.change_visibility(held, self.visibility_timeout_seconds)
-        self.renew_leases(held)
+        for url, group in by_queue(held).items():
+            for i in range(0, len(group), SQS_BATCH):
+                chunk = group[i : i + SQS_BATCH]
+                try:
+                    self.held.change_visibility(chunk, self.visibility_timeout_seconds)
+                except Exception:
+                    log.exception(
+                        "heartbeat: visibility of %d messages of %s not extended", len(chunk), url
+                    )
+        try:
+            self.renew_leases(held)
+        except Exception:
+            log.exception("heartbeat: leases of %d messages' jobs not renewed", len(held))
 
     def renew_leases(self, held: list[Held]) -> None:
         """Move on the lease of the running jobs among ``held`` (:meth:`JobStore.renew_leases`,
