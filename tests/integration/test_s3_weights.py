@@ -1,12 +1,15 @@
 """An ``embeddings`` entry whose weights are on S3 (issue 13 items 3 and 4), end to end on the
 moto server: a tiny BERT folder uploaded under a prefix, a catalogue pointing at it, a real worker
 that downloads it into its weights cache at start, and a job that succeeds with its vectors;
-a second worker on the same cache downloads nothing."""
+a second worker on the same cache downloads nothing. Each worker's ``worker ready`` line splits
+its time to ready into ``download_seconds`` and ``load_seconds``, and its ``first job`` line
+gives the time to the first result."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -25,7 +28,10 @@ MODEL = "tiny-s3"
 
 
 def test_a_worker_downloads_s3_weights_once_and_serves_jobs(
-    moto_endpoint: str, clean_env: pytest.MonkeyPatch, tmp_path: Path
+    moto_endpoint: str,
+    clean_env: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     cache = tmp_path / "cache"
     apply_env(
@@ -69,8 +75,16 @@ def test_a_worker_downloads_s3_weights_once_and_serves_jobs(
         res = create_resources(base, [MODEL], prefix=f"s3w{time.monotonic_ns()}")
         env = Env(settings=res.settings(base), resources=res, env=res.env())
         job = env.submit(MODEL, {"texts": ["hello world", "a cat"]})
-        with WorkerThread(env.settings, MODEL):
+        with caplog.at_level("INFO"), WorkerThread(env.settings, MODEL):
             rec = env.wait_for(job, {"succeeded", "failed"}, timeout=120)
+            first = _wait_for_line(caplog, "first job: ")
+        ready = _fields(_line(caplog, "worker ready: "))
+        assert float(ready["download_seconds"]) > 0 and float(ready["load_seconds"]) > 0
+        assert _fields(first)["job"] == job and float(_fields(first)["first_result_seconds"]) > 0
+        assert any(
+            r.getMessage().startswith(f"downloaded s3://{bucket}/enc/v1/") for r in caplog.records
+        )
+        caplog.clear()
         assert rec["status"] == "succeeded", rec
         out = json.loads(rec["output"])
         assert out["dim"] == 32 and len(out["embeddings"]) == 2
@@ -83,10 +97,30 @@ def test_a_worker_downloads_s3_weights_once_and_serves_jobs(
         stamp = (downloaded / "model.safetensors").stat().st_mtime_ns
         # A second worker on the same machine reuses the folder as it is.
         job2 = env.submit(MODEL, {"texts": ["again"]})
-        with WorkerThread(env.settings, MODEL):
+        with caplog.at_level("INFO"), WorkerThread(env.settings, MODEL):
             assert env.wait_for(job2, {"succeeded", "failed"}, timeout=120)["status"] == (
                 "succeeded"
             )
         assert (downloaded / "model.safetensors").stat().st_mtime_ns == stamp
+        assert not any(r.getMessage().startswith("downloaded s3://") for r in caplog.records)
     finally:
         use_catalogue(None)
+
+
+def _line(caplog: pytest.LogCaptureFixture, prefix: str) -> str:
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith(prefix)]
+    return line
+
+
+def _wait_for_line(caplog: pytest.LogCaptureFixture, prefix: str, timeout: float = 30) -> str:
+    """The worker logs ``first job`` right after handing the result on: wait for it."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if any(r.getMessage().startswith(prefix) for r in caplog.records):
+            return _line(caplog, prefix)
+        time.sleep(0.05)
+    raise AssertionError(f"no {prefix!r} line")
+
+
+def _fields(line: str) -> dict[str, str]:
+    return dict(re.findall(r"(\w+)=(\S+)", line))
