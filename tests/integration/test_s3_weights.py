@@ -13,6 +13,7 @@ import re
 import time
 from pathlib import Path
 
+import boto3
 import pytest
 
 from asyncinfer.aws import clients
@@ -124,3 +125,86 @@ def _wait_for_line(caplog: pytest.LogCaptureFixture, prefix: str, timeout: float
 
 def _fields(line: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S+)", line))
+
+
+#: A download in a process of its own, slowed to 0.4 s a GET, one file at a time.
+_SLOW_DOWNLOAD = """
+import sys, time
+from pathlib import Path
+import boto3
+from asyncinfer.models import weights
+weights.FILE_CONCURRENCY = 1
+s3 = boto3.client("s3", endpoint_url=sys.argv[1], region_name="us-east-1")
+s3.meta.events.register("before-call.s3.GetObject", lambda **_: time.sleep(0.4))
+weights.s3_folder(sys.argv[2], cache_root=Path(sys.argv[3]), s3=s3)
+"""
+
+
+def test_a_download_killed_midway_is_resumed_by_the_next_start(
+    moto_endpoint: str, clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """SIGKILL in the middle (no clean-up runs, the lock dies with the process): the next start
+    keeps the files the killed one finished and checked, fetches the rest, and nothing is
+    readable as the folder before that."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    apply_env(
+        clean_env,
+        {
+            "AWS_ENDPOINT_URL": moto_endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+        },
+    )
+    bucket = f"killed-{time.monotonic_ns()}"
+    s3 = clients.client("s3")
+    s3.create_bucket(Bucket=bucket)
+    bodies = {f"f{i}.bin": bytes([i]) * 50_000 for i in range(8)}
+    for name, body in bodies.items():
+        s3.put_object(Bucket=bucket, Key=f"w/{name}", Body=body)
+    source, cache = f"s3://{bucket}/w/", tmp_path / "cache"
+    partial = cache / "s3" / bucket / f"{weights.folder_name(bucket, 'w/')}.partial"
+    src = Path(__file__).resolve().parents[2] / "src"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_DOWNLOAD, moto_endpoint, source, str(cache)],
+        env={**os.environ, "PYTHONPATH": str(src)},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            recorded = _read(partial / weights.PROGRESS)
+            if len(recorded) >= 2:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the download ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    kept = set(_read(partial / weights.PROGRESS))
+    assert 2 <= len(kept) < len(bodies)
+    target = partial.with_suffix("")
+    assert not target.exists()  # the killed download left nothing a reader could take
+    fetched: list[str] = []
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")  # its own hook
+    s3.meta.events.register(
+        "before-call.s3.GetObject",
+        lambda params, **_: fetched.append(params["url_path"].rsplit("/", 1)[-1]),
+    )
+    assert weights.s3_folder(source, cache_root=cache, s3=s3) == target
+    assert sorted(fetched) == sorted(set(bodies) - kept)  # finished files were kept
+    assert {p.name: p.read_bytes() for p in target.iterdir() if p.suffix == ".bin"} == bodies
+    assert not partial.exists()
+
+
+def _read(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
