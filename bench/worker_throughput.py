@@ -331,9 +331,19 @@ def run_worker(
     )
 
 
-def measure_ready(stack: Stack, batch: int) -> list[float]:
+def ready_split(line: str) -> str:
+    """``download D, load L`` from a ``worker ready`` line's ``download_seconds`` and
+    ``load_seconds`` fields (the time to ready split, issue 13 item 4), or ``""``."""
+    import re
+
+    got = dict(re.findall(r"(download|load)_seconds=([0-9.]+)", line))
+    return f"download {got['download']}, load {got['load']}" if len(got) == 2 else ""
+
+
+def measure_ready(stack: Stack, batch: int, splits: list[str] | None = None) -> list[float]:
     """Seconds from ``python -m asyncinfer.worker`` starting (a cold process, as the ECS
-    container starts it) to its ``worker ready`` line."""
+    container starts it) to its ``worker ready`` line (whose :func:`ready_split` goes to
+    ``splits``)."""
     stack.settings()
     times = []
     for _ in range(2):
@@ -350,6 +360,8 @@ def measure_ready(stack: Stack, batch: int) -> list[float]:
         for line in proc.stderr:
             if "worker ready" in line:
                 times.append(time.monotonic() - t0)
+                if splits is not None:
+                    splits.append(ready_split(line))
                 break
         proc.send_signal(signal.SIGTERM)
         try:
@@ -515,13 +527,15 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, RunResult] = {}
     stack = Stack()
     try:
-        ready = measure_ready(stack, batch)
+        splits: list[str] = []
+        ready = measure_ready(stack, batch, splits)
         warm = measure_ready_warm(stack, batch)
         print(
             f"worker ready after (s): cold process {', '.join(f'{t:.2f}' for t in ready)}; "
             f"forked from the local stack's warm fork server {', '.join(f'{t:.2f}' for t in warm)}",
             flush=True,
         )
+        print(f"worker ready split, cold process (s): {'; '.join(splits)}", flush=True)
         handler = MODELS[MODEL].load_handler()
         handler.load()
         if "a" not in args.skip:

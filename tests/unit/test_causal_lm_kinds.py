@@ -194,3 +194,23 @@ def test_a_source_without_a_checkpoint_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"no config\.json"):
         handler.load()
     assert handler.model is None
+
+
+def test_the_engine_notes_each_jobs_first_token(handlers: dict[str, Any]) -> None:
+    """:attr:`WorkItem.first_token_at` (the worker's ``first_token_seconds``): set once, when
+    the job's first token came, before its result."""
+    import time
+
+    items = [job(f"f{n}", prompt=p, max_new_tokens=4) for n, p in enumerate(PROMPTS[:3])]
+    finished_at: dict[str, float] = {}
+
+    class Timed(Trickle):
+        def finish(self, item: WorkItem, result: Result) -> None:
+            finished_at[item.job_id] = time.monotonic()
+            super().finish(item, result)
+
+    t0 = time.monotonic()
+    handlers["llama"].serve(Timed(items), 3)
+    for it in items:
+        assert it.first_token_at is not None
+        assert t0 < it.first_token_at <= finished_at[it.job_id]

@@ -238,3 +238,192 @@ def test_weights_that_do_not_fit_on_the_disk_are_refused_before_any_download(
     with pytest.raises(ConfigError, match="do not fit"):
         weights.s3_folder(f"s3://{BUCKET}/big/", cache_root=tmp_path, s3=counting)
     assert counting.downloads == []
+
+
+# --------------------------------------------------------------------------- the transfer
+class GetLog:
+    """Every GetObject of a client, seen by a botocore hook: key, Range header, and how many
+    GETs (and of how many keys) were in flight at once. Each GET is held ``hold`` seconds in
+    the hook so that concurrent ones overlap; ``fail`` raises in the n-th GET of a key."""
+
+    def __init__(self, s3: Any, hold: float = 0.05, fail: tuple[str, int] | None = None) -> None:
+        self.gets: list[tuple[str, str | None]] = []
+        self.inflight: list[str] = []
+        self.most, self.most_keys = 0, 0
+        self.hold, self.fail, self.lock = hold, fail, threading.Lock()
+        s3.meta.events.register("before-call.s3.GetObject", self.hook)
+
+    def hook(self, params: dict[str, Any], **_: Any) -> None:
+        import time
+
+        key = params["url_path"].lstrip("/").removeprefix(f"{BUCKET}/")  # virtual host or path
+        with self.lock:
+            self.gets.append((key, params["headers"].get("Range")))
+            n = sum(1 for k, _ in self.gets if k == key)
+            if self.fail and key == self.fail[0] and n == self.fail[1]:
+                raise RuntimeError(f"connection lost in GET {n} of {key}")
+            self.inflight.append(key)
+            self.most = max(self.most, len(self.inflight))
+            self.most_keys = max(self.most_keys, len(set(self.inflight)))
+        time.sleep(self.hold)
+        with self.lock:
+            self.inflight.remove(key)
+
+
+def test_a_large_file_comes_in_parallel_ranged_gets_and_files_at_once(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(weights, "PART_BYTES", 64 * 1024)
+    body = bytes(range(256)) * 1024  # 256 KiB: 4 parts
+    put(s3, {"par/big.bin": body, **{f"par/small{i}.bin": bytes([i]) * 1000 for i in range(3)}})
+    log = GetLog(s3)
+    folder = weights.s3_folder(f"s3://{BUCKET}/par/", cache_root=tmp_path, s3=s3)
+    assert (folder / "big.bin").read_bytes() == body
+    big = [r for k, r in log.gets if k == "par/big.bin"]
+    assert all(r is not None and r.startswith("bytes=") for r in big), big
+    starts = sorted(int(str(r)[6:].split("-")[0]) for r in big)
+    assert starts == [0, 65536, 131072, 196608]  # 4 parts of 64 KiB, each its own Range GET
+    assert log.most > 1  # GETs overlapped: parts of one file and files in parallel
+    assert log.most_keys > 1  # more than one file in flight at once
+    assert all(r is None for k, r in log.gets if k != "par/big.bin")  # below a part: one GET
+
+
+def test_the_download_logs_progress_and_its_rate(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(weights, "PROGRESS_SECONDS", 0.0)
+    put(s3, {"prog/a.bin": b"a" * 300_000, "prog/b.bin": b"b" * 200_000})
+    with caplog.at_level("INFO", logger="asyncinfer.models.weights"):
+        weights.s3_folder(f"s3://{BUCKET}/prog/", cache_root=tmp_path, s3=s3)
+    lines = [r.getMessage() for r in caplog.records]
+    progress = [m for m in lines if m.startswith(f"downloading s3://{BUCKET}/prog/: ")]
+    assert progress and progress[-1].endswith("MB/s")
+    assert "0.5 of 0.5 MB (100%)" in progress[-1]
+    [done] = [m for m in lines if m.startswith(f"downloaded s3://{BUCKET}/prog/")]
+    assert "2 files, 0.5 MB in" in done and done.endswith("MB/s")
+
+
+def test_progress_lines_come_at_most_every_interval(caplog: pytest.LogCaptureFixture) -> None:
+    from asyncinfer.models.weights_transfer import Progress
+
+    t = [0.0]
+    p = Progress("s3://b/p/", 12_000_000, every=5.0, clock=lambda: t[0])
+    with caplog.at_level("INFO", logger="asyncinfer.models.weights"):
+        for _ in range(12):  # 1 MB a second for 12 s
+            t[0] += 1.0
+            p.add(1_000_000)
+    assert [r.getMessage() for r in caplog.records] == [
+        "downloading s3://b/p/: 5.0 of 12.0 MB (42%), 1.0 MB/s",
+        "downloading s3://b/p/: 10.0 of 12.0 MB (83%), 1.0 MB/s",
+    ]
+
+
+def test_a_failure_in_the_middle_of_a_file_is_redone_and_never_used(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(weights, "PART_BYTES", 64 * 1024)
+    monkeypatch.setattr(weights, "FILE_CONCURRENCY", 1)  # done.bin first, then big.bin
+    body = bytes(range(256)) * 1024
+    put(s3, {"mid/a-done.bin": b"d" * 1000, "mid/big.bin": body})
+    failing = GetLog(s3, hold=0.0, fail=("mid/big.bin", 3))
+    with pytest.raises(RuntimeError, match="connection lost"):
+        weights.s3_folder(f"s3://{BUCKET}/mid/", cache_root=tmp_path, s3=s3)
+    parent = tmp_path / "s3" / BUCKET
+    [partial] = list(parent.glob("*.partial"))
+    assert not partial.with_suffix("").exists()  # nothing a reader could take
+    assert not (partial / "big.bin").exists()  # the half file is nowhere under its name
+    s3.meta.events.unregister("before-call.s3.GetObject", failing.hook)
+    counting = Counting(s3)
+    log = GetLog(s3, hold=0.0)
+    folder = weights.s3_folder(f"s3://{BUCKET}/mid/", cache_root=tmp_path, s3=counting)
+    assert counting.downloads == ["mid/big.bin"]  # a-done.bin was kept, big.bin redone
+    assert (folder / "big.bin").read_bytes() == body
+    assert {k for k, _ in log.gets} == {"mid/big.bin"}
+    assert not list(parent.glob("*.partial"))
+
+
+def test_leftovers_a_killed_download_may_leave_are_never_used(s3: Any, tmp_path: Path) -> None:
+    put(s3, {"k/one.bin": b"1" * 100, "k/two.bin": b"2" * 100, "k/three.bin": b"3" * 100})
+    files = weights.list_prefix(s3, BUCKET, "k/")
+    name = weights.folder_name(BUCKET, "k/")
+    partial = tmp_path / "s3" / BUCKET / f"{name}.partial"
+    partial.mkdir(parents=True)
+    etags = {f.rel: f.etag for f in files}
+    (partial / "one.bin").write_bytes(b"1" * 100)  # finished and recorded: kept
+    (partial / "two.bin").write_bytes(b"2" * 40)  # recorded, but cut short: fetched again
+    (partial / "three.bin").write_bytes(b"X" * 100)  # recorded under an old ETag: again
+    (partial / "three.bin.a1b2c3").write_bytes(b"half")  # s3transfer's temporary file
+    (partial / weights.PROGRESS).write_text(
+        json.dumps(
+            {"one.bin": etags["one.bin"], "two.bin": etags["two.bin"], "three.bin": "0" * 32}
+        )
+    )
+    counting = Counting(s3)
+    folder = weights.s3_folder(f"s3://{BUCKET}/k/", cache_root=tmp_path, s3=counting)
+    assert sorted(counting.downloads) == ["k/three.bin", "k/two.bin"]
+    assert [(folder / n).read_bytes() for n in ("one.bin", "two.bin", "three.bin")] == [
+        b"1" * 100,
+        b"2" * 100,
+        b"3" * 100,
+    ]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["one.bin", "two.bin", "three.bin", weights.MARKER]
+    )
+
+
+def multipart(s3: Any, key: str, parts: list[bytes]) -> str:
+    """Upload ``parts`` as one multipart object; its ETag."""
+    up = s3.create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
+    done = [
+        {
+            "PartNumber": n,
+            "ETag": s3.upload_part(Bucket=BUCKET, Key=key, UploadId=up, PartNumber=n, Body=body)[
+                "ETag"
+            ],
+        }
+        for n, body in enumerate(parts, 1)
+    ]
+    s3.complete_multipart_upload(
+        Bucket=BUCKET, Key=key, UploadId=up, MultipartUpload={"Parts": done}
+    )
+    return str(s3.head_object(Bucket=BUCKET, Key=key)["ETag"]).strip('"')
+
+
+def test_a_multipart_upload_is_checked_against_its_etag(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import moto.s3.models
+
+    from asyncinfer.models import weights_transfer
+
+    monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", 1024)
+    parts = [b"a" * 4096, b"b" * 4096, b"c" * 1000]  # as aws s3 cp uploads: equal parts
+    etag = multipart(s3, "mp/w.bin", parts)
+    assert etag.endswith("-3")
+    head = s3.head_object(Bucket=BUCKET, Key="mp/w.bin")
+    check = weights_transfer.expected_check(s3, BUCKET, "mp/w.bin", head)
+    assert check == weights_transfer.EtagCheck(etag, 4096, 3)
+    folder = weights.s3_folder(f"s3://{BUCKET}/mp/", cache_root=tmp_path / "good", s3=s3)
+    assert (folder / "w.bin").read_bytes() == b"".join(parts)
+
+    class Corrupting(Counting):
+        def download_file(self, bucket: str, key: str, dest: str, **kw: Any) -> None:
+            Path(dest).write_bytes(b"a" * 4096 + b"B" * 4096 + b"c" * 1000)
+
+    with pytest.raises(TransientError, match=r"multipart MD5 \(3 parts\)"):
+        weights.s3_folder(f"s3://{BUCKET}/mp/", cache_root=tmp_path / "bad", s3=Corrupting(s3))
+    assert not list((tmp_path / "bad").rglob("w.bin"))
+    # Unequal parts: the ETag cannot be recomputed without each part's size: size only.
+    # (3 parts, and ceil(5100 / 2000) is 3 too: the last part's size tells them apart.)
+    multipart(s3, "mp2/w.bin", [b"a" * 2000, b"b" * 3000, b"c" * 100])
+    head = s3.head_object(Bucket=BUCKET, Key="mp2/w.bin")
+    assert weights_transfer.expected_check(s3, BUCKET, "mp2/w.bin", head) is None
+    folder = weights.s3_folder(f"s3://{BUCKET}/mp2/", cache_root=tmp_path / "odd", s3=s3)
+    assert (folder / "w.bin").stat().st_size == 5100  # downloaded, not refused
+
+
+def test_the_time_spent_on_s3_weights_is_counted(s3: Any, tmp_path: Path) -> None:
+    put(s3, {"t/w.bin": b"w" * 1000})
+    before = weights.download_seconds()
+    weights.s3_folder(f"s3://{BUCKET}/t/", cache_root=tmp_path, s3=s3)
+    assert weights.download_seconds() > before

@@ -5,11 +5,13 @@ imports these names, so a metric and the alarm on it cannot drift apart).
 Metrics: ``JobsSucceeded``, ``JobsFailed`` (Count), ``QueueSeconds``, ``RunSeconds``,
 ``ComputeSeconds`` (Seconds; a job's share of its worker's compute time, shared/spec/models.md
 "What a job shows") and ``CostUSD`` (unit ``None``: US dollars, ``ComputeSeconds`` x the entry's
-``price_per_hour`` / 3600; only for entries with a price), namespace ``asyncinfer``, exactly
-one dimension, ``Model``. CloudWatch matches a metric by its full dimension set, so an extra
-dimension (Powertools adds ``service`` whenever ``POWERTOOLS_SERVICE_NAME`` is set, as in every
-Lambda) makes a different metric that alarms keyed on ``Model`` alone never see;
-:func:`emf_line` writes the EMF document itself for that reason.
+``price_per_hour`` / 3600; only for entries with a price), and a worker's start-up split
+(``WeightsDownloadSeconds``, ``ModelLoadSeconds``, ``FirstTokenSeconds``; Seconds), namespace
+``asyncinfer``, exactly one dimension, ``Model``. CloudWatch matches a metric by its full
+dimension set, so an extra dimension (Powertools adds ``service`` whenever
+``POWERTOOLS_SERVICE_NAME`` is set, as in every Lambda) makes a different metric that alarms
+keyed on ``Model`` alone never see; :func:`emf_line` writes the EMF document itself for that
+reason.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ QUEUE_SECONDS = "QueueSeconds"
 RUN_SECONDS = "RunSeconds"
 COMPUTE_SECONDS = "ComputeSeconds"
 COST_USD = "CostUSD"
+#: A worker's time to ready, split (issue 13 item 4): one point per worker start
+#: (``WeightsDownloadSeconds``, ``ModelLoadSeconds``) and per worker's first job
+#: (``FirstTokenSeconds``: from ready to its first output token).
+DOWNLOAD_SECONDS = "WeightsDownloadSeconds"
+LOAD_SECONDS = "ModelLoadSeconds"
+FIRST_TOKEN_SECONDS = "FirstTokenSeconds"
 #: metric name -> CloudWatch unit.
 UNITS: dict[str, str] = {
     JOBS_SUCCEEDED: "Count",
@@ -38,6 +46,9 @@ UNITS: dict[str, str] = {
     RUN_SECONDS: "Seconds",
     COMPUTE_SECONDS: "Seconds",
     COST_USD: "None",  # CloudWatch has no currency unit
+    DOWNLOAD_SECONDS: "Seconds",
+    LOAD_SECONDS: "Seconds",
+    FIRST_TOKEN_SECONDS: "Seconds",
 }
 
 

@@ -56,6 +56,9 @@ class WorkItem:
         compute_seconds: the job's share of the worker's compute time so far, seconds: the
             handler (or :func:`run_batch`) adds to it; the worker records it on the terminal job
             as ``metrics.compute_seconds`` (shared/spec/models.md, "What a job shows").
+        first_token_at: ``time.monotonic()`` when the item's first output token was produced
+            (seconds), set by a handler that generates tokens (the generation engine); ``None``
+            otherwise. The worker's ``first job`` line reads it (time to first token).
     """
 
     job_id: str
@@ -67,6 +70,7 @@ class WorkItem:
     stop_event: threading.Event = field(default_factory=threading.Event)
     on_progress: Callable[[int, dict[str, Any]], None] | None = None
     compute_seconds: float = 0.0
+    first_token_at: float | None = None
 
     def interruption(self) -> BaseException | None:
         """What should interrupt this item now, if anything: a :class:`WorkerStopping`,

@@ -17,13 +17,18 @@ The S3 download:
   objects) and downloads again when the listing differs from the marker (a changed prefix);
 * holds an exclusive file lock (``<name>.lock``, ``filelock``) while it downloads, so two workers
   on one instance download once: the second waits, then finds the marker;
-* checks each file's size and, where the ETag is the object's MD5 (a single-part upload without
-  SSE-KMS or SSE-C; S3 user guide, "Checking object integrity"), its MD5; a mismatch fails the
-  start (the next start downloads that file again);
+* checks each file's size and, where the ETag is a digest of the bytes (no SSE-KMS or SSE-C; S3
+  user guide, "Checking object integrity"), that digest: the MD5 of a single-part upload, or the
+  MD5 of the part MD5s of a multipart one in equal parts (``aws s3 sync`` above 8 MiB;
+  :mod:`.weights_transfer`); a mismatch fails the start (the next start downloads that file
+  again);
 * resumes an interrupted download: files of the ``.partial`` folder already checked against the
   same ETag are kept, anything else there is removed and fetched again;
 * runs parallel ranged GETs (boto3's managed transfer: 64 MiB parts, 8 per file, 4 files at once)
-  and logs a progress line at most every :data:`PROGRESS_SECONDS`.
+  and logs a progress line at most every :data:`PROGRESS_SECONDS` (bytes done of the total,
+  percent, MB/s), then one line with the time it took;
+* counts the seconds it took (:func:`download_seconds`): the worker's ``worker ready`` line splits
+  its time to ready into ``download_seconds`` and ``load_seconds``.
 
 IAM: ``s3:ListBucket`` on the bucket for the prefix and ``s3:GetObject`` on ``prefix*``, which is
 what the CDK app grants each entry's task role (``infra.model_compute.grant_weight_read``).
@@ -46,6 +51,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from asyncinfer.core.errors import ConfigError, TransientError
+from asyncinfer.models.weights_transfer import Progress, digest_of, expected_check
 
 log = logging.getLogger("asyncinfer.models.weights")
 
@@ -62,9 +68,11 @@ PART_BYTES = 64 * 1024 * 1024
 #: Longest wait for another worker's download of the same prefix, seconds.
 LOCK_TIMEOUT = 3600.0
 _S3 = re.compile(r"^s3://([^/]+)/?(.*)$")
-_PLAIN_MD5 = re.compile(r"^[0-9a-f]{32}$")
 #: S3 error codes that no retry fixes: the deployment's configuration is wrong.
 _PERMANENT_CODES = {"AccessDenied", "NoSuchBucket", "AllAccessDisabled", "InvalidBucketName"}
+#: Seconds spent in :func:`s3_folder` by this process (:func:`download_seconds`).
+_spent = 0.0
+_spent_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -210,47 +218,17 @@ def cached_folder(cache_root: Path, source: str, files: list[RemoteFile]) -> Pat
     return None
 
 
-class _Progress:
-    """Bytes downloaded so far, logged at most every :data:`PROGRESS_SECONDS`."""
-
-    def __init__(self, where: str, total: int) -> None:
-        self.where, self.total, self.done = where, total, 0
-        self.t0 = self.last = time.monotonic()
-        self.lock = threading.Lock()
-
-    def add(self, n: int) -> None:
-        with self.lock:
-            self.done += n
-            now = time.monotonic()
-            if now - self.last < PROGRESS_SECONDS:
-                return
-            self.last = now
-            rate = self.done / max(now - self.t0, 1e-9)
-            log.info(
-                "downloading %s: %.1f of %.1f MB (%.0f%%), %.0f MB/s",
-                self.where,
-                self.done / 1e6,
-                self.total / 1e6,
-                100.0 * self.done / max(self.total, 1),
-                rate / 1e6,
-            )
-
-
-def _md5(path: Path) -> str:
-    h = hashlib.md5(usedforsecurity=False)
-    with path.open("rb") as f:
-        while chunk := f.read(8 * 1024 * 1024):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _fetch(
     s3: Any, bucket: str, f: RemoteFile, dest: Path, progress: Callable[[int], None]
 ) -> None:
-    """Download one object to ``dest`` and check its size and (where it is one) MD5 ETag.
+    """Download one object to ``dest`` (ranged GETs in parallel above :data:`PART_BYTES`) and
+    check its size and, where the ETag is a digest of the bytes, that digest
+    (:mod:`.weights_transfer`: the MD5 of a single-part upload, the MD5 of part MD5s of a
+    multipart one).
 
     Raises:
-        TransientError: the object changed since the listing, or the file fails a check.
+        TransientError: the object changed since the listing, or the file fails a check (the
+            file is removed: the next start downloads it again).
     """
     from boto3.s3.transfer import TransferConfig
 
@@ -269,16 +247,17 @@ def _fetch(
     if size != f.size:
         dest.unlink(missing_ok=True)
         raise TransientError(f"s3://{bucket}/{f.key}: got {size} bytes, the listing says {f.size}")
-    encrypted = head.get("ServerSideEncryption") in ("aws:kms", "aws:kms:dsse") or head.get(
-        "SSECustomerAlgorithm"
-    )
-    if _PLAIN_MD5.match(f.etag) and not encrypted:
-        digest = _md5(dest)
-        if digest != f.etag:
-            dest.unlink(missing_ok=True)
-            raise TransientError(
-                f"s3://{bucket}/{f.key}: MD5 {digest} of the download is not its ETag {f.etag}"
-            )
+    check = expected_check(s3, bucket, f.key, head)
+    if check is None:
+        log.debug("s3://%s/%s: ETag %s is not a digest; size checked only", bucket, f.key, etag)
+        return
+    digest = digest_of(dest, check)
+    if digest != check.etag:
+        dest.unlink(missing_ok=True)
+        what = "MD5" if check.part_bytes is None else f"multipart MD5 ({check.parts} parts)"
+        raise TransientError(
+            f"s3://{bucket}/{f.key}: {what} {digest} of the download is not its ETag {f.etag}"
+        )
 
 
 def _download(s3: Any, bucket: str, files: list[RemoteFile], partial: Path, where: str) -> None:
@@ -300,7 +279,7 @@ def _download(s3: Any, bucket: str, files: list[RemoteFile], partial: Path, wher
     todo = [f for f in files if f.rel not in done]
     if done:
         log.info("resuming the download of %s: %d of %d files kept", where, len(done), len(files))
-    progress = _Progress(where, sum(f.size for f in todo))
+    progress = Progress(where, sum(f.size for f in todo), every=PROGRESS_SECONDS)
     lock = threading.Lock()
 
     def one(f: RemoteFile) -> None:
@@ -313,13 +292,13 @@ def _download(s3: Any, bucket: str, files: list[RemoteFile], partial: Path, wher
         with ThreadPoolExecutor(max_workers=min(FILE_CONCURRENCY, len(todo))) as pool:
             for fut in [pool.submit(one, f) for f in todo]:
                 fut.result()
-    elapsed = time.monotonic() - progress.t0
     log.info(
-        "downloaded %s: %d files, %.1f MB in %.1fs",
+        "downloaded %s: %d files, %.1f MB in %.1fs, %.1f MB/s",
         where,
         len(todo),
         progress.done / 1e6,
-        elapsed,
+        time.monotonic() - progress.t0,
+        progress.rate() / 1e6,
     )
 
 
@@ -341,6 +320,25 @@ def s3_folder(source: str, *, cache_root: Path, s3: Any) -> Path:
             not fit in the cache's free disk space.
         filelock.Timeout: another worker held the download lock for :data:`LOCK_TIMEOUT`.
     """
+    t0 = time.monotonic()
+    try:
+        return _s3_folder(source, cache_root=cache_root, s3=s3)
+    finally:
+        global _spent
+        with _spent_lock:
+            _spent += time.monotonic() - t0
+
+
+def download_seconds() -> float:
+    """Seconds this process has spent in :func:`s3_folder` so far: listing the prefix, waiting
+    for another worker's download of it, downloading and checking (a cache hit costs its
+    listing). The worker reads it around loading its model to split time to ready into download
+    and load (issue 13 item 4; :mod:`asyncinfer.worker.runner`)."""
+    with _spent_lock:
+        return _spent
+
+
+def _s3_folder(source: str, *, cache_root: Path, s3: Any) -> Path:
     from filelock import FileLock, Timeout
 
     bucket, prefix = parse_s3(source)

@@ -96,6 +96,7 @@ from asyncinfer.worker.metrics import emit_job_metrics
 from asyncinfer.worker.outcomes import quiet_webhook
 from asyncinfer.worker.protection import ScaleInProtection
 from asyncinfer.worker.starts import Starter
+from asyncinfer.worker.startup import StartTimes
 from asyncinfer.worker.watcher import Watcher
 
 __all__ = ["Worker", "quiet_webhook"]
@@ -148,6 +149,8 @@ class Worker:
         self.protection = ScaleInProtection(settings.ecs_agent_uri, settings.busy_file)
         self.jobs_done = 0
         self.max_jobs: int | None = None
+        #: Time to ready, split (download, load, first token): :mod:`~asyncinfer.worker.startup`.
+        self.start_times = StartTimes(model, emit=bool(settings.compute))
         self._running: dict[str, tuple[Held, JobRecord]] = {}
         # The main loop and the watcher both write records, publish and delete: one at a time
         # (see :mod:`~asyncinfer.worker.journal`).
@@ -252,11 +255,13 @@ class Worker:
         timer.start()
 
     def load(self) -> None:
-        """Build and load the model handler (once)."""
-        if self.handler is None:
-            self.handler = self.spec.load_handler(cache_dir=self.settings.model_cache_dir)
+        """Build and load the model handler (once), timing the weights' download apart from
+        the rest (:attr:`start_times`)."""
         t0 = time.monotonic()
-        self.handler.load()
+        with self.start_times.loading():
+            if self.handler is None:
+                self.handler = self.spec.load_handler(cache_dir=self.settings.model_cache_dir)
+            self.handler.load()
         log.info("model %s loaded in %.2fs", self.spec.id, time.monotonic() - t0)
 
     def run(self, *, max_jobs: int | None = None) -> int:
@@ -269,11 +274,13 @@ class Worker:
         self.intake.receive_max = self._receive_max()
         self.intake.start()
         self.watcher.start()
+        self.start_times.ready()
         log.info(
-            "worker ready: model=%s queues=%s capacity=%d",
+            "worker ready: model=%s queues=%s capacity=%d %s",
             self.spec.id,
             ",".join(self.queues),
             self.capacity,
+            self.start_times.ready_fields(),
         )
         try:
             self.handler.serve(self, self.capacity)
@@ -341,6 +348,10 @@ class Worker:
         stopping); its event follows the write, and its message is deleted after the event."""
         held, record = self._running.pop(item.job_id)
         held.finished = True  # no more heartbeat-time progress writes or cancel reads for it
+        if isinstance(result, dict):
+            self.start_times.finished(
+                item.job_id, started=held.started, first_token_at=item.first_token_at
+            )
         self._conclude(held, record, result, compute_seconds=item.compute_seconds)
 
     def _receive_max(self) -> int:

@@ -26,6 +26,7 @@ from asyncinfer.core.errors import ApiError, JobError, WorkerStopping
 from asyncinfer.core.settings import get_settings
 from asyncinfer.models.base import ModelHandler, WorkItem
 from asyncinfer.models.registry import MODELS, get_spec, validate_input
+from asyncinfer.worker.startup import StartTimes
 
 log = logging.getLogger(__name__)
 PORT = 8080
@@ -72,10 +73,15 @@ class InvocationsApp:
             self.ready.set()
 
     def load(self) -> None:
-        """Build the handler and load its weights (once)."""
-        if self.handler is None:
-            self.handler = self.spec.load_handler(cache_dir=get_settings().model_cache_dir)
-        self.handler.load()
+        """Build the handler and load its weights (once); logs ``worker ready`` with the
+        download/load split (:mod:`asyncinfer.worker.startup`)."""
+        times = StartTimes(self.spec.id, emit=bool(get_settings().compute))
+        with times.loading():
+            if self.handler is None:
+                self.handler = self.spec.load_handler(cache_dir=get_settings().model_cache_dir)
+            self.handler.load()
+        times.ready()
+        log.info("worker ready: model=%s (SageMaker) %s", self.spec.id, times.ready_fields())
         self.ready.set()
 
     def ping(self) -> tuple[int, dict[str, Any]]:

@@ -153,10 +153,12 @@ class GenerationEngine:
             if out.error is not None and is_out_of_memory(out.error):
                 out.error = None  # drop the traceback's tensors before emptying the cache
                 _free_accelerator_memory()
-            for req in done:
-                finish(req)
             now = time.monotonic()
+            for req in done:
+                _first_token(req, now)
+                finish(req)
             for req in scheduler.running:
+                _first_token(req, now)
                 self._progress(req, now)
 
     # ------------------------------------------------------------------ results
@@ -187,3 +189,11 @@ class GenerationEngine:
         text, _ = self.codec.text(req.generated, item.input.stop)  # type: ignore[attr-defined]
         usage = {"prompt_tokens": len(req.prompt_ids), "completion_tokens": len(req.generated)}
         item.on_progress(len(req.generated), {"text": text, "finish_reason": None, "usage": usage})
+
+
+def _first_token(req: Request, now: float) -> None:
+    """Note on the request's item when its first output token came (``now``, monotonic
+    seconds; :attr:`WorkItem.first_token_at`)."""
+    item: WorkItem = req.tag["item"]
+    if item.first_token_at is None and req.generated:
+        item.first_token_at = now
