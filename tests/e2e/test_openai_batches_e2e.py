@@ -1,13 +1,14 @@
 """End to end: ``asyncinfer local --models echo,all-minilm-l6-v2`` as a subprocess, driven by the
-``openai`` SDK (``default_headers={"x-api-key": KEY}`` until Bearer auth lands): a chat batch to
-``completed`` with every ``custom_id`` answered and parsed by the SDK's types, a line whose model
-errors in the error file; an embeddings batch; a cancel mid-batch; a short window that expires
-with partial output; another tenant gets 404. The input file is put in the tenant's file store
-directly (the Files routes are built beside this work) and outputs read back there.
+``openai`` SDK unchanged (``OpenAI(base_url=f"{api}/openai/v1", api_key=KEY)``, the key sent as
+``Authorization: Bearer``): input files uploaded with ``client.files.create`` and outputs read
+with ``client.files.content``; a chat batch to ``completed`` with every ``custom_id`` answered
+and parsed by the SDK's types, a line whose model errors in the error file; an embeddings batch;
+a cancel mid-batch; a short window that expires with partial output; another tenant gets 404.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStackProces
 
 
 def files(stack: LocalStackProcess) -> FileStore:
+    """The stack's file store itself (for checks behind the API; the tests use the SDK)."""
     s3 = boto3.client(
         "s3", endpoint_url=stack.local["aws_endpoint_url"], region_name=stack.local["region"]
     )
@@ -49,18 +51,23 @@ def tenant_of(stack: LocalStackProcess, key: str) -> str:
 
 
 def sdk(stack: LocalStackProcess, key: str | None = None) -> openai.OpenAI:
+    """The SDK as a user builds it: base URL and key, nothing else (no retries, so that an
+    error shows)."""
     return openai.OpenAI(
-        base_url=f"{stack.api}/openai/v1",
-        api_key="unused",
-        default_headers={"x-api-key": key or stack.key},
-        max_retries=0,
+        base_url=f"{stack.api}/openai/v1", api_key=key or stack.key, max_retries=0, timeout=60
     )
 
 
 def upload(stack: LocalStackProcess, lines: list[dict[str, Any]]) -> str:
+    """The id of a batch input file of ``lines`` (JSONL), uploaded with ``client.files.create``."""
     data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
-    tenant = tenant_of(stack, stack.key)
-    return files(stack).create(tenant, data, filename="in.jsonl", purpose="batch")["id"]
+    with sdk(stack) as client:
+        return client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch").id
+
+
+def content_lines(client: openai.OpenAI, file_id: str) -> list[dict[str, Any]]:
+    """The JSON lines of a file, read with ``client.files.content``."""
+    return [json.loads(x) for x in client.files.content(file_id).text.splitlines() if x.strip()]
 
 
 def line(cid: str, **body: Any) -> dict[str, Any]:
@@ -96,13 +103,12 @@ def test_chat_batch_completes_with_an_error_line(stack: LocalStackProcess) -> No
     assert done.request_counts is not None
     assert (done.request_counts.total, done.request_counts.completed) == (21, 20)
     assert done.request_counts.failed == 1
-    tenant = tenant_of(stack, stack.key)
     assert done.output_file_id and done.error_file_id
-    outputs = [json.loads(x) for x in files(stack).read(tenant, done.output_file_id).splitlines()]
+    outputs = content_lines(client, done.output_file_id)
     assert sorted(o["custom_id"] for o in outputs) == sorted(f"req-{i}" for i in range(20))
     for o in outputs:
         ChatCompletion.model_validate(o["response"]["body"])
-    errors = [json.loads(x) for x in files(stack).read(tenant, done.error_file_id).splitlines()]
+    errors = content_lines(client, done.error_file_id)
     assert [e["custom_id"] for e in errors] == ["bad"]
     assert errors[0]["response"] is None and errors[0]["error"]["code"]
     # The line jobs are jobs of the tenant, with the batch and custom ids in their metadata.
@@ -110,8 +116,10 @@ def test_chat_batch_completes_with_an_error_line(stack: LocalStackProcess) -> No
         jobs = c.get("/v1/jobs", params={"limit": 100}).json()["jobs"]
     mine = [j for j in jobs if j["metadata"].get("batch_id") == batch.id]
     assert len(mine) == 21 and {j["priority"] for j in mine} == {"low"}
-    # Another tenant sees neither the batch nor its cancel.
+    # Another tenant sees neither the batch, nor its cancel, nor its output file.
     other = sdk(stack, stack.local["extra_keys"]["other"])
+    with pytest.raises(openai.NotFoundError):
+        other.files.content(done.output_file_id)
     with pytest.raises(openai.NotFoundError):
         other.batches.retrieve(batch.id)
     with pytest.raises(openai.NotFoundError):
@@ -166,13 +174,10 @@ def test_embeddings_batch_completes_with_vectors(stack: LocalStackProcess) -> No
     done = wait(client, batch.id, {"completed", "failed", "expired", "cancelled"}, timeout=420)
     assert done.status == "completed", done
     assert done.request_counts is not None and done.request_counts.completed == 4
-    tenant = tenant_of(stack, stack.key)
     assert done.output_file_id
     outputs = {
         o["custom_id"]: CreateEmbeddingResponse.model_validate(o["response"]["body"])
-        for o in (
-            json.loads(x) for x in files(stack).read(tenant, done.output_file_id).splitlines()
-        )
+        for o in content_lines(client, done.output_file_id)
     }
     assert sorted(outputs) == ["e0", "e1", "e2", "many"]
     assert len(outputs["many"].data) == 2
@@ -196,7 +201,6 @@ def test_short_window_expires_with_partial_output(stack: LocalStackProcess) -> N
     counts = done.request_counts
     assert counts is not None and counts.total == 5 and counts.completed >= 3
     assert counts.completed + counts.failed == 5
-    tenant = tenant_of(stack, stack.key)
     assert done.output_file_id
-    outputs = [json.loads(x) for x in files(stack).read(tenant, done.output_file_id).splitlines()]
+    outputs = content_lines(client, done.output_file_id)
     assert {f"fast-{i}" for i in range(3)} <= {o["custom_id"] for o in outputs}

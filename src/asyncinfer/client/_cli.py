@@ -5,64 +5,60 @@ Human output (rich) by default, ``--json`` for scripts. Exit codes: 0 ok; 1 the 
 cancelled or expired (or some batch line did; or a webhook failed verification); 2 usage error
 (bad arguments, no URL or key configured, an invalid batch file); 3 the command failed (an HTTP
 error, the API unreachable, ``wait`` timed out).
+
+The job commands are here, ``batch`` in :mod:`asyncinfer.client._cli_batch`, the webhook ones in
+:mod:`asyncinfer.client._cli_webhooks`, what they share in :mod:`asyncinfer.client._cli_common`;
+the argument parsers of all of them in :func:`add_commands`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-EXIT_OK = 0
-EXIT_JOB_FAILED = 1
-EXIT_USAGE = 2
-EXIT_COMMAND_FAILED = 3
+from asyncinfer.client._cli_batch import cmd_batch
+from asyncinfer.client._cli_common import (
+    EXIT_COMMAND_FAILED,
+    EXIT_JOB_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    _client,
+    _consoles,
+    _print_json,
+    _read_arg,
+)
+from asyncinfer.client._cli_webhooks import cmd_verify_webhook, cmd_webhook_secret
 
-
-class UsageError(Exception):
-    """Bad arguments that argparse cannot see (exit 2)."""
+__all__ = [
+    "EXIT_COMMAND_FAILED",
+    "EXIT_JOB_FAILED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "UsageError",
+    "add_commands",
+    "cmd_batch",
+    "cmd_cancel",
+    "cmd_get",
+    "cmd_ls",
+    "cmd_models",
+    "cmd_submit",
+    "cmd_verify_webhook",
+    "cmd_wait",
+    "cmd_webhook_secret",
+]
 
 
 # ---------------------------------------------------------------------------- helpers
-def _consoles() -> tuple[Any, Any]:
-    from rich.console import Console
-
-    return Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
-
-
-def _client(args: argparse.Namespace) -> Any:
-    from asyncinfer.client import Client
-
-    return Client(args.url, args.api_key, timeout=args.http_timeout)
-
-
-def _print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
-    sys.stdout.flush()
-
-
 def _job_json(job: Any) -> Any:
     return job.model_dump(mode="json")
 
 
 def _exit_for(job: Any) -> int:
     return EXIT_JOB_FAILED if job.status in ("failed", "cancelled", "expired") else EXIT_OK
-
-
-def _read_arg(value: str) -> str:
-    """``@path`` reads a file, ``-`` (or ``@-``) stdin, anything else is the value itself."""
-    if value in ("-", "@-"):
-        return sys.stdin.read()
-    if value.startswith("@"):
-        try:
-            return Path(value[1:]).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"cannot read {value[1:]}: {exc.strerror}") from None
-    return value
 
 
 def _render_output(out: Any, output_url: str | None, console: Any) -> None:
@@ -245,96 +241,6 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_batch(args: argparse.Namespace) -> int:
-    from asyncinfer.client import read_batch
-
-    if args.server:
-        return _server_batch(args)
-    out, _ = _consoles()
-    read_batch(args.file, args.batch_id)  # check the file before anything is sent
-    with _client(args) as client:
-        summary = client.submit_batch(
-            args.file,
-            args.output,
-            concurrency=args.concurrency,
-            wait=not args.no_wait,
-            progress=not args.no_progress and not args.json,
-            batch_id=args.batch_id,
-        )
-    doc = {
-        "total": summary.total,
-        "succeeded": summary.succeeded,
-        "failed": summary.failed,
-        "pending": summary.pending,
-        "output": str(summary.output),
-        "seconds": round(summary.seconds, 3),
-    }
-    if args.json:
-        _print_json(doc)
-    else:
-        out.print(
-            f"{summary.total} lines: {summary.succeeded} succeeded, {summary.failed} failed"
-            + (f", {summary.pending} not finished" if summary.pending else "")
-            + f" -> {summary.output} ({summary.seconds:.1f} s)",
-            markup=False,
-            highlight=False,
-        )
-    return EXIT_OK if summary.ok else EXIT_JOB_FAILED
-
-
-def _server_batch(args: argparse.Namespace) -> int:
-    """``batch --server``: the service runs an OpenAI batch file (spec openai.md)."""
-    from pathlib import Path
-
-    from asyncinfer.client._protocol import resolve_config
-    from asyncinfer.client.server_batch import ServerBatchError, ServerBatches
-
-    out, err = _consoles()
-    cfg = resolve_config(args.url, args.api_key, timeout=args.http_timeout)
-    runner = ServerBatches(cfg.base_url, cfg.api_key, timeout=max(60.0, args.http_timeout))
-    try:
-        result = runner.run(
-            Path(args.file),
-            Path(args.output),
-            errors=Path(args.errors) if args.errors else None,
-            endpoint=args.endpoint,
-            window=args.completion_window,
-            priority=args.priority,
-            progress=not args.no_progress and not args.json,
-        )
-    except ServerBatchError as exc:
-        err.print(f"asyncinfer batch: {exc}", markup=False, highlight=False)
-        return EXIT_COMMAND_FAILED
-    except TimeoutError as exc:
-        err.print(f"asyncinfer batch: {exc}", markup=False, highlight=False)
-        return EXIT_COMMAND_FAILED
-    batch = result.batch
-    counts = batch.get("request_counts") or {}
-    doc = {
-        "batch_id": batch["id"],
-        "status": batch["status"],
-        "request_counts": counts,
-        "errors": batch.get("errors"),
-        "output": str(result.output) if result.output else None,
-        "error_file": str(result.errors) if result.errors else None,
-        "seconds": round(result.seconds, 3),
-    }
-    if args.json:
-        _print_json(doc)
-    else:
-        out.print(
-            f"{batch['id']} {batch['status']}: {counts.get('completed', 0)} of "
-            f"{counts.get('total', 0)} completed, {counts.get('failed', 0)} failed"
-            + (f" -> {result.output}" if result.output else "")
-            + (f", errors -> {result.errors}" if result.errors else ""),
-            markup=False,
-            highlight=False,
-        )
-        for e in ((batch.get("errors") or {}).get("data") or [])[:20]:
-            err.print(f"  line {e.get('line')}: {e.get('message')}", markup=False)
-    return EXIT_OK if result.ok else EXIT_JOB_FAILED
-
-
 def cmd_models(args: argparse.Namespace) -> int:
     out, _ = _consoles()
     with _client(args) as client:
@@ -348,98 +254,6 @@ def cmd_models(args: argparse.Namespace) -> int:
     for m in models:
         t.add_row(m.id, m.task or "", str(m.max_batch_size or ""))
     out.print(t)
-    return EXIT_OK
-
-
-def cmd_webhook_secret(args: argparse.Namespace) -> int:
-    out, _ = _consoles()
-    with _client(args) as client:
-        secret = client.rotate_webhook_secret() if args.rotate else client.webhook_secret()
-    if args.json:
-        _print_json(secret.model_dump(mode="json"))
-    else:
-        out.print(secret.secret, markup=False, highlight=False)
-        if secret.previous_secret:
-            until = secret.previous_expires_at.isoformat() if secret.previous_expires_at else "?"
-            err = _consoles()[1]
-            err.print(
-                f"previous secret (valid until {until}): {secret.previous_secret}",
-                markup=False,
-                highlight=False,
-            )
-    return EXIT_OK
-
-
-def _parse_header_lines(text: str) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise UsageError(f"not a header line: {line!r}")
-        headers[name.strip().lower()] = value.strip()
-    return headers
-
-
-def _parse_headers_file(text: str) -> dict[str, str]:
-    stripped = text.strip()
-    if stripped.startswith("{"):
-        try:
-            obj = json.loads(stripped)
-        except ValueError as exc:
-            raise UsageError(f"headers file is not valid JSON: {exc}") from None
-        return {str(k).lower(): str(v) for k, v in obj.items()}
-    return _parse_header_lines(text)
-
-
-def _split_request(raw: bytes) -> tuple[dict[str, str], bytes]:
-    """A raw HTTP request (optional request line, headers, blank line, body)."""
-    for sep in (b"\r\n\r\n", b"\n\n"):
-        if sep in raw:
-            head, body = raw.split(sep, 1)
-            break
-    else:
-        raise UsageError("the request file has no blank line between headers and body")
-    lines = head.decode("utf-8", "replace").splitlines()
-    if lines and ":" not in lines[0].split(" ", 1)[0] and " " in lines[0]:
-        lines = lines[1:]  # "POST /hook HTTP/1.1"
-    return _parse_header_lines("\n".join(lines)), body
-
-
-def cmd_verify_webhook(args: argparse.Namespace) -> int:
-    from asyncinfer.client import WebhookVerificationError, verify_webhook
-
-    out, err = _consoles()
-    headers: dict[str, str] = {}
-    body: bytes | None = None
-    if args.request:
-        raw = sys.stdin.buffer.read() if args.request == "-" else Path(args.request).read_bytes()
-        headers, body = _split_request(raw)
-    if args.headers:
-        headers.update(_parse_headers_file(_read_arg("@" + args.headers)))
-    for h in args.header or []:
-        headers.update(_parse_header_lines(h))
-    if args.body is not None:
-        body = sys.stdin.buffer.read() if args.body == "-" else Path(args.body).read_bytes()
-    if body is None:
-        raise UsageError("give the body: --body FILE (or -), or a request file")
-    secret: Any = args.secret or os.environ.get("ASYNCINFER_WEBHOOK_SECRET")
-    if not secret:
-        with _client(args) as client:
-            secret = client.webhook_secret()  # the current and (after a rotation) previous one
-    try:
-        event = verify_webhook(secret, headers, body, check_timestamp=not args.no_timestamp_check)
-    except WebhookVerificationError as exc:
-        if args.json:
-            _print_json({"valid": False, "reason": str(exc)})
-        else:
-            err.print(f"invalid: {exc}", markup=False, highlight=False)
-        return EXIT_JOB_FAILED
-    if args.json:
-        _print_json({"valid": True, "type": event.type, "job_id": event.data.id})
-    else:
-        out.print(f"valid: {event.type} {event.data.id} ({event.data.status})", markup=False)
     return EXIT_OK
 
 

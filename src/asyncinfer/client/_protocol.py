@@ -5,251 +5,73 @@ back an ``httpx.Response`` or the ``httpx.TransportError`` it raised) or :class:
 many seconds) and returns its result. :class:`~asyncinfer.client.Client` drives them with
 ``httpx.Client`` and ``time.sleep``, :class:`~asyncinfer.client.AsyncClient` with
 ``httpx.AsyncClient`` and ``asyncio.sleep``: one implementation, two transports.
+
+The steps, the retry policy and reading answers are in :mod:`asyncinfer.client._transport`, the
+configuration in :mod:`asyncinfer.client._config`; both are re-exported here, where they were
+first defined.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import time
 import uuid
 from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 from urllib.parse import quote
 
-import httpx
-
 from asyncinfer import __version__
-from asyncinfer.client.errors import (
-    ERROR_CLASSES,
-    STATUS_CLASSES,
-    APIConnectionError,
-    APIError,
-    ConfigurationError,
-    InternalServerError,
-    PayloadTooLargeError,
-    RateLimitedError,
-    WaitTimeout,
+from asyncinfer.client._config import LOCAL_JSON, Config, resolve_config
+from asyncinfer.client._transport import (
+    RETRY_STATUSES,
+    Call,
+    Operation,
+    Outcome,
+    RetryPolicy,
+    Sleep,
+    Step,
+    T,
+    error_from_response,
+    json_of,
+    send,
+    send_counted,
 )
+from asyncinfer.client.errors import APIError, PayloadTooLargeError, RateLimitedError, WaitTimeout
 from asyncinfer.client.models import Job, JobPage, ModelInfo, Upload, WebhookSecret
 
-T = TypeVar("T")
+__all__ = [
+    "LOCAL_JSON",
+    "MAX_LONG_POLL",
+    "RATE_LIMITED_POLL_SECONDS",
+    "RETRY_STATUSES",
+    "Call",
+    "Config",
+    "Operation",
+    "Outcome",
+    "Protocol",
+    "RetryPolicy",
+    "Sleep",
+    "Step",
+    "T",
+    "UploadData",
+    "error_from_response",
+    "form_body",
+    "json_of",
+    "resolve_config",
+    "send",
+    "send_counted",
+    "upload_content",
+]
 
-#: Where the local stack writes its URL and key (``asyncinfer local --state-dir``), relative to
-#: the working directory.
-LOCAL_JSON = Path(".asyncinfer") / "local.json"
 #: Longest ``?wait=`` the API holds a request, seconds (spec: 0..20).
 MAX_LONG_POLL = 20.0
-#: HTTP statuses retried (for calls that may be retried).
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-
-
-@dataclass(frozen=True)
-class Call:
-    """One HTTP request to send. ``url`` is absolute; ``timeout`` in seconds."""
-
-    method: str
-    url: str
-    headers: dict[str, str] = field(default_factory=dict)
-    params: dict[str, str] | None = None
-    json: Any = None
-    content: bytes | None = None
-    timeout: float = 30.0
-    #: True when resending is safe (idempotent call, or a submit with an idempotency key).
-    retry: bool = True
-
-
 #: How long :meth:`wait` sleeps between plain reads while its long polls are refused 429
 #: (the service's bound on concurrent ``?wait`` polls per key), seconds.
 RATE_LIMITED_POLL_SECONDS = 2.0
 
 
-@dataclass(frozen=True)
-class Sleep:
-    """Wait ``seconds`` before the next step."""
-
-    seconds: float
-
-
-Outcome = httpx.Response | httpx.TransportError
-Step = Call | Sleep
-Operation = Generator[Step, Outcome | None, T]
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Exponential backoff with full jitter: before retry ``n`` (0-based) wait a uniform random
-    time in ``[0, min(max_delay, base_delay * 2**n)]`` seconds, or the server's ``Retry-After``
-    when it asks for longer (capped at ``max_delay``). ``max_retries`` retries at most."""
-
-    max_retries: int = 3
-    base_delay: float = 0.5
-    max_delay: float = 8.0
-
-    def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        """Seconds to wait before retry number ``attempt`` (0-based)."""
-        d = random.uniform(0.0, min(self.max_delay, self.base_delay * (2**attempt)))
-        if retry_after is not None:
-            d = max(d, min(retry_after, self.max_delay))
-        return d
-
-
-@dataclass(frozen=True)
-class Config:
-    """Where the API is and how to call it. ``timeout`` is the per-request timeout in seconds
-    (long-polls add their ``wait`` to it)."""
-
-    base_url: str
-    api_key: str
-    timeout: float = 30.0
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-
-
-def _read_local_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def resolve_config(
-    base_url: str | None = None,
-    api_key: str | None = None,
-    *,
-    timeout: float = 30.0,
-    max_retries: int = 3,
-    local_json: str | os.PathLike[str] | None = None,
-) -> Config:
-    """The client's configuration: arguments first, then ``ASYNCINFER_URL`` /
-    ``ASYNCINFER_API_KEY``, then the local stack's ``.asyncinfer/local.json`` (its key only
-    when its ``api_url`` is the URL in use). Raises :class:`ConfigurationError`."""
-    url = base_url or os.environ.get("ASYNCINFER_URL") or None
-    key = api_key or os.environ.get("ASYNCINFER_API_KEY") or None
-    if url is None or key is None:
-        local = _read_local_json(Path(local_json) if local_json else LOCAL_JSON)
-        if url is None and local.get("api_url"):
-            url = str(local["api_url"])
-        if key is None and local.get("api_key") and url == local.get("api_url"):
-            key = str(local["api_key"])
-    if not url:
-        raise ConfigurationError(
-            "no API URL: pass base_url, set ASYNCINFER_URL, or start the local stack "
-            "(asyncinfer local writes .asyncinfer/local.json)"
-        )
-    if not key:
-        raise ConfigurationError("no API key: pass api_key or set ASYNCINFER_API_KEY")
-    return Config(
-        base_url=url.rstrip("/"),
-        api_key=key,
-        timeout=timeout,
-        retry=RetryPolicy(max_retries=max_retries),
-    )
-
-
-# ------------------------------------------------------------------------- responses
-def _retry_after(resp: httpx.Response) -> float | None:
-    value = resp.headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
-        return None
-
-
-def error_from_response(resp: httpx.Response) -> APIError:
-    """The exception for an error response: the class of the body's ``error.code`` (spec), else
-    of the HTTP status."""
-    status = resp.status_code
-    try:
-        body: Any = resp.json()
-    except ValueError:
-        body = resp.text
-    code: str | None = None
-    message = ""
-    details: list[dict[str, Any]] = []
-    err = body.get("error") if isinstance(body, dict) else None
-    if isinstance(err, dict):
-        code = str(err.get("code") or "") or None
-        message = str(err.get("message") or "")
-        raw_details = err.get("details")
-        if isinstance(raw_details, list):
-            details = [d if isinstance(d, dict) else {"message": str(d)} for d in raw_details]
-    elif isinstance(body, dict) and isinstance(body.get("message"), str):
-        message = body["message"]  # API Gateway's own errors: {"message": "Forbidden"}
-    elif isinstance(body, str):
-        message = body.strip()[:500]
-    cls = (ERROR_CLASSES.get(code) if code else None) or STATUS_CLASSES.get(status)
-    if cls is None:
-        cls = InternalServerError if status >= 500 else APIError
-    if code is None:
-        code = cls.code if cls is not APIError else f"http_{status}"
-    return cls(
-        message or resp.reason_phrase or f"HTTP {status}",
-        status=status,
-        code=code,
-        details=details,
-        body=body,
-    )
-
-
-def send(call: Call, policy: RetryPolicy) -> Generator[Step, Outcome | None, httpx.Response]:
-    """Send ``call``, retrying per ``policy``: on 429/5xx and transport errors when
-    ``call.retry``; on connect errors (nothing was sent) always. Returns the final response,
-    which may be an error response. Raises :class:`APIConnectionError`."""
-    resp, _ = yield from send_counted(call, policy)
-    return resp
-
-
-def send_counted(
-    call: Call, policy: RetryPolicy
-) -> Generator[Step, Outcome | None, tuple[httpx.Response, int]]:
-    """:func:`send`, also returning how many times the request was sent."""
-    attempt = 0
-    while True:
-        outcome = yield call
-        if isinstance(outcome, httpx.TransportError):
-            safe = call.retry or isinstance(outcome, (httpx.ConnectError, httpx.ConnectTimeout))
-            if safe and attempt < policy.max_retries:
-                yield Sleep(policy.delay(attempt))
-                attempt += 1
-                continue
-            raise APIConnectionError(
-                f"{call.method} {call.url}: {type(outcome).__name__}: {outcome}"
-            ) from outcome
-        assert outcome is not None
-        if call.retry and outcome.status_code in RETRY_STATUSES and attempt < policy.max_retries:
-            yield Sleep(policy.delay(attempt, _retry_after(outcome)))
-            attempt += 1
-            continue
-        return outcome, attempt + 1
-
-
-def json_of(resp: httpx.Response) -> Any:
-    """The JSON body of a successful response; raises the mapped :class:`APIError` otherwise."""
-    if resp.status_code >= 400:
-        raise error_from_response(resp)
-    try:
-        return resp.json()
-    except ValueError:
-        raise APIError(
-            "the response is not JSON",
-            status=resp.status_code,
-            code="invalid_response",
-            body=resp.text,
-        ) from None
-
-
-# ------------------------------------------------------------------------- operations
 class Protocol:
     """Builds the calls of each API operation for one :class:`Config`."""
 
