@@ -17,4 +17,4 @@ for mode in ecs sagemaker; do
 done
 rm -rf "$out"
 echo "test: pytest"
-exec .venv/bin/pytest -q -p no:cacheprovider "$@"
+exec .venv/bin/pytest -q -p no:cacheprovider --durations=30 "$@"
