@@ -13,6 +13,7 @@ Boundaries, top to bottom:
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from aws_cdk import CfnOutput, Duration, RemovalPolicy, Stack
@@ -40,6 +41,7 @@ from infra.components.messaging import CONSUME_ACTIONS, SEND_ACTIONS, EncryptedT
 from infra.components.model_scopes import ModelScopes
 from infra.components.monitoring import Monitoring
 from infra.components.sagemaker_endpoints import SageMakerEndpoints, endpoint_metric
+from infra.components.sagemaker_engine import sagemaker_engines
 from infra.components.storage import DataBucket, JobTable
 from infra.components.webhooks import WebhookDelivery
 from infra.config import LOG_RETENTION_DAYS, REPO_ROOT, DeployConfig, DeployConfigError
@@ -351,6 +353,9 @@ class AsyncInferStack(Stack):
             )
             grant_input_locations(self, self.sagemaker.roles, cfg.input_locations)
             sm_env = env
+            engines = sagemaker_engines(cfg.model_compute)
+            if engines:  # their endpoints run the engine image: the bridge and completion map
+                sm_env = {**env, ev.SAGEMAKER_ENGINES: json.dumps(engines, separators=(",", ":"))}
             self.bridge_fn = PythonFunction(
                 self,
                 "BridgeFn",
@@ -388,6 +393,8 @@ class AsyncInferStack(Stack):
             ).function
             self.table.grant_read_write_data(self.completion_fn)
             self.bucket.grant_read(self.completion_fn, "outputs/*")
+            if engines:  # an engine's large mapped outputs: outputs/<tenant>/<job_id>.json
+                self.bucket.grant_put(self.completion_fn, "outputs/*")
             self.events_topic.grant_publish(self.completion_fn)
             for t in (success, error):
                 t.add_subscription(subs.LambdaSubscription(self.completion_fn))
