@@ -11,13 +11,21 @@ b. **bridge**: the ``openai-server`` handler (:mod:`asyncinfer.models.openai_ser
    ``asyncinfer serve-openai`` (a process of its own on a loopback port, the same engine at the
    same batch size), as the worker feeds a sidecar engine.
 
-Overhead = (bridge wall time / in-process wall time - 1) x 100 (target <= 10%). Queue and AWS
-costs are the same for both paths and left out: this is the cost of the HTTP hop, the SSE
+Overhead = (bridge / in-process - 1) x 100 (target <= 10%), in wall time and in CPU time. Queue
+and AWS costs are the same for both paths and left out: this is the cost of the HTTP hop, the SSE
 parsing and the server's threads.
 
-    .venv/bin/python bench/engine_bridge.py                  # 64 jobs (a few minutes on 2 cores)
-    .venv/bin/python bench/engine_bridge.py --jobs 8 --max-new-tokens 16
-    .venv/bin/python bench/engine_bridge.py --jobs 16 --repeat 3     # alternated, best of each
+A shared, loaded machine makes one round's wall time swing widely (single rounds on the loaded
+2-core CI machine ranged from -86% to +142%), so the two paths are **interleaved** over
+``--rounds`` rounds (a b, b a, a b, ...: drift in the machine's load falls on both alike) and
+the report gives, per path, the **median** and the spread (min..max) over rounds of the wall
+time per job, and of the **CPU seconds** spent: for (a) this process's CPU time
+(``time.process_time``: the engine runs in it), for (b) this process's (the bridge's client)
+plus the engine process's (``/proc/<pid>/stat`` utime + stime). CPU time counts the work done,
+not the time waited for a core another program held, so it moves much less with other load.
+
+    .venv/bin/python bench/engine_bridge.py                  # 64 jobs x 4 rounds (minutes)
+    .venv/bin/python bench/engine_bridge.py --jobs 8 --max-new-tokens 16 --rounds 4
 
 Both runs use the entry's ``device: auto``: on a host with CUDA the engine runs on the GPU.
 """
@@ -25,6 +33,9 @@ Both runs use the entry's ``device: auto``: on a host with CUDA the engine runs 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -116,15 +127,46 @@ def start_engine(concurrency: int) -> tuple[subprocess.Popen[bytes], str]:
         time.sleep(0.3)
 
 
+class Round:
+    """One path's run in one round: wall seconds, CPU seconds, completion tokens."""
+
+    def __init__(self, wall: float, cpu: float, tokens: int) -> None:
+        self.wall, self.cpu, self.tokens = wall, cpu, tokens
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(handler: Any, n: int, tokens: int, concurrency: int, engine_pid: int | None) -> Round:
+    """Run ``n`` jobs through ``handler``; CPU of this process, plus the engine's if given."""
+    cpu0 = time.process_time()
+    eng0 = process_cpu(engine_pid) if engine_pid else 0.0
+    wall, done = run(handler, jobs(n, tokens), concurrency)
+    cpu = time.process_time() - cpu0
+    if engine_pid:
+        cpu += process_cpu(engine_pid) - eng0
+    return Round(wall, cpu, done)
+
+
+def spread(values: list[float]) -> str:
+    """``median (min..max)`` of ``values``."""
+    return f"{statistics.median(values):8.3f} ({min(values):.3f}..{max(values):.3f})"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument(
-        "--repeat", type=int, default=1, help="rounds of (a, b), alternated; the best of each"
+        "--rounds", "--repeat", type=int, default=4, help="rounds of both paths, interleaved"
     )
     args = p.parse_args()
+    # A SIGTERM (a timeout) ends the run through the finally below, which stops the engine.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     direct = MODELS["smollm2-135m-instruct"].load_handler()
     direct.load()
     engine, url = start_engine(args.concurrency)
@@ -147,27 +189,51 @@ def main() -> int:
             time.sleep(0.05)
         print(
             f"{args.jobs} jobs, {args.max_new_tokens} new tokens, concurrency "
-            f"{args.concurrency}, {args.repeat} round(s)"
+            f"{args.concurrency}, {args.rounds} rounds interleaved; {os.cpu_count()} CPUs"
         )
         run(direct, jobs(min(4, args.jobs), 4), args.concurrency)  # warm-up
         run(bridge, jobs(min(4, args.jobs), 4), args.concurrency)
-        rounds: list[tuple[float, float]] = []
-        tok_a = tok_b = 0
-        for r in range(args.repeat):
-            wall_a, tok_a = run(direct, jobs(args.jobs, args.max_new_tokens), args.concurrency)
-            wall_b, tok_b = run(bridge, jobs(args.jobs, args.max_new_tokens), args.concurrency)
-            rounds.append((wall_a, wall_b))
-            pct = (wall_b / wall_a - 1) * 100
-            print(f"round {r + 1}: a {wall_a:7.2f} s  b {wall_b:7.2f} s  {pct:+.1f}%")
+        a: list[Round] = []
+        b: list[Round] = []
+        for r in range(args.rounds):
+            order = ("a", "b") if r % 2 == 0 else ("b", "a")
+            for path in order:
+                if path == "a":
+                    a.append(
+                        measured(direct, args.jobs, args.max_new_tokens, args.concurrency, None)
+                    )
+                else:
+                    b.append(
+                        measured(
+                            bridge, args.jobs, args.max_new_tokens, args.concurrency, engine.pid
+                        )
+                    )
+            wall_pct = (b[-1].wall / a[-1].wall - 1) * 100
+            cpu_pct = (b[-1].cpu / a[-1].cpu - 1) * 100
+            print(
+                f"round {r + 1} ({' '.join(order)}): a {a[-1].wall:7.2f} s {a[-1].cpu:7.2f} cpu-s"
+                f"  b {b[-1].wall:7.2f} s {b[-1].cpu:7.2f} cpu-s"
+                f"  wall {wall_pct:+.1f}%  cpu {cpu_pct:+.1f}%"
+            )
     finally:
         engine.terminate()
         engine.wait(30)
-    best_a, best_b = min(a for a, _ in rounds), min(b for _, b in rounds)
-    print(f"a. in-process : {best_a:7.2f} s  {tok_a} tokens  {tok_a / best_a:7.1f} tokens/s")
-    print(f"b. bridge     : {best_b:7.2f} s  {tok_b} tokens  {tok_b / best_b:7.1f} tokens/s")
-    print(f"bridge overhead: {(best_b / best_a - 1) * 100:+.1f}% (target <= 10%; best of each)")
-    if tok_a != tok_b:
-        print(f"note: token counts differ ({tok_a} vs {tok_b}): stop strings or EOS differ")
+    n = args.jobs
+    print("per job, median (min..max) over rounds:")
+    for name, rs in (("a. in-process", a), ("b. bridge    ", b)):
+        print(
+            f"  {name}: wall {spread([x.wall / n for x in rs])} s"
+            f"  cpu {spread([x.cpu / n for x in rs])} s  {rs[-1].tokens} tokens"
+        )
+    walls = [(y.wall / x.wall - 1) * 100 for x, y in zip(a, b, strict=True)]
+    cpus = [(y.cpu / x.cpu - 1) * 100 for x, y in zip(a, b, strict=True)]
+    print(
+        f"bridge overhead (target <= 10%), median (min..max) of the rounds' pairs:\n"
+        f"  wall {statistics.median(walls):+.1f}% ({min(walls):+.1f}..{max(walls):+.1f})\n"
+        f"  cpu  {statistics.median(cpus):+.1f}% ({min(cpus):+.1f}..{max(cpus):+.1f})"
+    )
+    if a[-1].tokens != b[-1].tokens:
+        print(f"note: token counts differ ({a[-1].tokens} vs {b[-1].tokens}): stop strings or EOS")
     return 0
 
 

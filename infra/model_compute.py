@@ -49,7 +49,8 @@ class ModelCompute:
         weight_prefixes: ``(bucket, key prefix)`` of each ``s3://`` source of the entry.
         warm_pool: stopped instances kept in the capacity's warm pool (ECS only; 0: none).
         engine: an ``openai-server`` entry's ``engine`` block when it has an ``image`` (the
-            CDK app runs that engine beside the worker, :mod:`infra.components.engine`).
+            CDK app runs that engine beside the worker, :mod:`infra.components.engine`, or as
+            the SageMaker endpoint's container, :mod:`infra.components.sagemaker_engine`).
         source: the entry's ``source`` (for such an engine: its weights).
     """
 
@@ -181,12 +182,10 @@ def problems(computes: Mapping[str, ModelCompute], gpu_families: tuple[str, ...]
                 f"GPU{'s' * (have != 1)}; no instance could take a worker (choose a larger "
                 "instance type or fewer gpus)"
             )
-        if c.engine is not None and c.backend == "sagemaker":
-            p.append(
-                f"{model}: an openai-server engine.image runs beside the worker on ECS only in "
-                "this build (SageMaker async endpoints serve one container contract); use "
-                "compute.backend: ecs, or engine.url for an engine that is already running"
-            )
+        if c.engine is not None:
+            from infra.components.sagemaker_engine import engine_problems
+
+            p.extend(engine_problems(model, c))
         if c.max_workers < max(c.min_workers, 1):
             p.append(f"{model}: max_workers={c.max_workers} is below min_workers={c.min_workers}")
     if len(backends) > 1:

@@ -9,6 +9,7 @@ Each returns the per-model "workers" metric the dashboard shows."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from aws_cdk import Duration, RemovalPolicy
@@ -23,6 +24,7 @@ from infra.components.function import METRICS_NAMESPACE, PythonFunction
 from infra.components.inputs import grant_input_locations
 from infra.components.messaging import CONSUME_ACTIONS
 from infra.components.sagemaker_endpoints import SageMakerEndpoints, endpoint_metric
+from infra.components.sagemaker_engine import sagemaker_engines
 from infra.model_compute import grant_weight_read
 from infra.stack_parts import StackParts, schedule, sqs_trigger, timeout, worker_models_file
 
@@ -151,12 +153,16 @@ def add_sagemaker_compute(
         scopes=parts.scopes,
     )
     grant_input_locations(stack, stack.sagemaker.roles, cfg.input_locations)
+    sm_env = env
+    engines = sagemaker_engines(cfg.model_compute)
+    if engines:  # their endpoints run the engine image: the bridge and completion map
+        sm_env = {**env, ev.SAGEMAKER_ENGINES: json.dumps(engines, separators=(",", ":"))}
     stack.bridge_fn = PythonFunction(
         stack,
         "BridgeFn",
         code="sagemaker_bridge",
         service="sagemaker-bridge",
-        environment=env,
+        environment=sm_env,
         timeout=Duration.seconds(cfg.bridge_timeout),
         description="asyncinfer SQS -> SageMaker InvokeEndpointAsync",
         reserved_concurrency=reserved["bridge"],
@@ -180,7 +186,7 @@ def add_sagemaker_compute(
         "CompletionFn",
         code="sagemaker_completion",
         service="sagemaker-completion",
-        environment=env,
+        environment=sm_env,
         timeout=timeout("sagemaker_completion"),
         description="asyncinfer SageMaker notifications -> job records and events",
         reserved_concurrency=reserved["completion"],
@@ -188,6 +194,8 @@ def add_sagemaker_compute(
     ).function
     stack.table.grant_read_write_data(stack.completion_fn)
     stack.bucket.grant_read(stack.completion_fn, "outputs/*")
+    if engines:  # an engine's large mapped outputs: outputs/<tenant>/<job_id>.json
+        stack.bucket.grant_put(stack.completion_fn, "outputs/*")
     stack.events_topic.grant_publish(stack.completion_fn)
     for t in (success, error):
         t.add_subscription(subs.LambdaSubscription(stack.completion_fn))

@@ -1,5 +1,7 @@
 """``compute=sagemaker``: one SageMaker asynchronous inference endpoint per model, from the same
-worker image (``serve``: GET /ping, POST /invocations on 8080), scaling to zero."""
+worker image (``serve``: GET /ping, POST /invocations on 8080), scaling to zero; an
+``openai-server`` entry with ``engine.image`` runs its engine as the endpoint's container instead
+(:mod:`infra.components.sagemaker_engine`)."""
 
 from __future__ import annotations
 
@@ -22,12 +24,14 @@ from constructs import Construct
 from asyncinfer.core import envvars as ev
 from asyncinfer.core import naming
 from infra.components.model_scopes import ModelScopes
+from infra.components.sagemaker_engine import STARTUP_TIMEOUT_SECONDS, engine_container
 from infra.model_compute import ModelCompute, grant_weight_read
 
 #: Key prefixes SageMaker writes results and failures under (inside ``outputs/``, which expires).
 OUTPUT_PREFIX = "outputs/sagemaker"
 FAILURE_PREFIX = "outputs/sagemaker-failures"
 VARIANT = "AllTraffic"
+
 #: Asynchronous invocations of the completion Lambda: retries after an error (0..2, Lambda's
 #: maximum) and how long an event may wait, before it goes to the failure destination.
 COMPLETION_RETRY_ATTEMPTS = 2
@@ -143,18 +147,22 @@ class SageMakerEndpoints(Construct):
                 retention=log_retention,
                 removal_policy=removal_policy,
             )
+            c = computes[model]
+            # An engine entry's variant may take as long as SageMaker allows to copy the weights
+            # and load them; our worker image keeps SageMaker's defaults.
+            startup = STARTUP_TIMEOUT_SECONDS if c.engine is not None else None
+            if c.engine is not None:  # the entry's engine serves the endpoint itself
+                container = engine_container(sc, model, c, self.model_roles[model])
+            else:
+                container = sagemaker.CfnModel.ContainerDefinitionProperty(
+                    image=image.image_uri,
+                    environment={**environment, ev.MODELS: model, ev.COMPUTE: "sagemaker"},
+                )
             cfn_model = sagemaker.CfnModel(
                 sc,
                 f"{model}-model",
                 execution_role_arn=self.model_roles[model].role_arn,
-                primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
-                    image=image.image_uri,
-                    environment={
-                        **environment,
-                        ev.MODELS: model,
-                        ev.COMPUTE: "sagemaker",
-                    },
-                ),
+                primary_container=container,
             )
             cfn_model.node.add_dependency(self.model_roles[model])
             config = sagemaker.CfnEndpointConfig(
@@ -167,6 +175,8 @@ class SageMakerEndpoints(Construct):
                         initial_instance_count=1,
                         instance_type=computes[model].sagemaker_instance_type,
                         initial_variant_weight=1,
+                        model_data_download_timeout_in_seconds=startup,
+                        container_startup_health_check_timeout_in_seconds=startup,
                     )
                 ],
                 async_inference_config=sagemaker.CfnEndpointConfig.AsyncInferenceConfigProperty(

@@ -1,8 +1,9 @@
 """The ``asyncinfer`` command: ``local`` (the local stack), ``worker`` (one worker process),
-``prepare`` (convert model checkpoints once), ``serve-openai`` (a ``causal-lm`` entry behind an
-OpenAI-compatible server, :mod:`asyncinfer.models.openai_server.serve`), ``preflight`` (check an
-AWS account before a first ``cdk deploy``, :mod:`asyncinfer.aws.preflight`), and the client
-commands (``submit``, ``get``, ``wait``, ``cancel``, ``ls``, ``batch``, ``models``,
+``prepare`` (convert model checkpoints once), ``serve-openai`` (a ``causal-lm`` or
+``embeddings`` entry behind an OpenAI-compatible server,
+:mod:`asyncinfer.models.openai_server.serve`), ``preflight`` (check an AWS account before a
+first ``cdk deploy``, :mod:`asyncinfer.aws.preflight`), and the client commands (``submit``,
+``get``, ``wait``, ``cancel``, ``ls``, ``batch``, ``models``,
 ``webhook-secret``, ``verify-webhook``; see :mod:`asyncinfer.client._cli` for their output and
 exit codes)."""
 
@@ -148,9 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     op = sub.add_parser(
         "serve-openai",
-        help="serve a causal-lm model of the catalogue through an OpenAI-compatible API",
+        help="serve a causal-lm or embeddings model of the catalogue through an "
+        "OpenAI-compatible API",
     )
-    op.add_argument("--model", required=True, help="a causal-lm model id of the catalogue")
+    op.add_argument("--model", required=True, help="a causal-lm or embeddings model id")
     op.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     op.add_argument("--port", type=int, default=8000, help="port (8000)")
     op.add_argument(

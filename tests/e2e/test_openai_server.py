@@ -29,9 +29,11 @@ STORY = {"messages": [{"role": "user", "content": "Write a very long story about
 
 
 class Engine:
-    """``asyncinfer serve-openai --model smollm2-135m-instruct`` on one port, restartable."""
+    """``asyncinfer serve-openai --model MODEL`` (default smollm2-135m-instruct) on one port,
+    restartable."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, model: str = "smollm2-135m-instruct") -> None:
+        self.model = model
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen[str] | None = None
@@ -44,7 +46,7 @@ class Engine:
                 str(exe),
                 "serve-openai",
                 "--model",
-                "smollm2-135m-instruct",
+                self.model,
                 "--port",
                 str(self.port),
             ],

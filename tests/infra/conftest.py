@@ -98,6 +98,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "catalogue3": {"models_file": str(ROOT / "tests/infra/fixtures/catalogue3/models.yaml")},
     # tests/infra/fixtures/openai_engine: openai-server entries with an engine image (issue 16).
     "openai-engine": {"models_file": str(ROOT / "tests/infra/fixtures/openai_engine/models.yaml")},
+    # The same kind of entries on SageMaker: the endpoint runs the engine (issue 16).
+    "openai-engine-sagemaker": {
+        "models_file": str(ROOT / "tests/infra/fixtures/openai_engine_sagemaker/models.yaml")
+    },
     "catalogue3-sagemaker": {
         "compute": "sagemaker",
         "models_file": str(ROOT / "tests/infra/fixtures/catalogue3/models.yaml"),

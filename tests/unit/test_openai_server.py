@@ -21,7 +21,7 @@ from asyncinfer.models.openai_server import handler as mod
 from asyncinfer.models.openai_server.handler import OpenAIServerHandler, error_of
 from asyncinfer.models.openai_server.protocol import BadRequest, gauge, input_of, request_of
 from asyncinfer.models.registry import spec_of
-from asyncinfer.models.schemas import GenerationInput
+from asyncinfer.models.schemas import EmbeddingInput, GenerationInput
 from asyncinfer.worker.held import HeldMessages
 from asyncinfer.worker.intake import Intake
 from tests.unit.test_worker_parts import StubQueue
@@ -395,3 +395,66 @@ def test_the_catalogue_checks_the_engine_block() -> None:
     assert "models[0].engine.args: only for an engine.image" in text
     assert "models[1].engine.tensor_parallel: 8 needs as many GPUs; compute.gpus is 4" in text
     assert "models[2].engine: exactly one of url or image is required" in text
+
+
+# ---------------------------------------------------------------------------- embeddings
+
+
+def embeddings_handler(engine: Engine) -> OpenAIServerHandler:
+    cat = parse_catalogue(
+        {
+            "models": [
+                {
+                    "id": "bge",
+                    "kind": "openai-server",
+                    "engine": {"url": URL, "model": "BAAI/bge-small", "api": "embeddings"},
+                }
+            ]
+        }
+    )
+    s = spec_of(cat.models[0], cat)
+    assert s.task == "embeddings" and s.input_model is EmbeddingInput  # the embeddings kind's
+    h = OpenAIServerHandler(spec=s, transport=httpx.MockTransport(engine))
+    h.load()
+    return h
+
+
+def test_an_embeddings_entry_calls_v1_embeddings_and_gives_the_kinds_output() -> None:
+    def answer(body: dict[str, Any]) -> httpx.Response:
+        vectors = [[float(len(t)), 0.5] for t in body["input"]]
+        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
+        return httpx.Response(200, json={"object": "list", "data": data[::-1]})  # any order
+
+    engine = Engine(answer)
+    h = embeddings_handler(engine)
+    wait_until(h.ready)
+    inp = EmbeddingInput.model_validate({"texts": ["a", "bbb"]})
+    (out,) = h.predict([WorkItem(job_id="job_e", input=inp)])
+    assert out == {"embeddings": [[1.0, 0.5], [3.0, 0.5]], "dim": 2}
+    assert engine.bodies[-1] == {
+        "model": "BAAI/bge-small",
+        "input": ["a", "bbb"],
+        "encoding_format": "float",
+    }
+    assert engine.headers[-1]["x-request-id"] == "job_e"
+
+
+@pytest.mark.parametrize(
+    ("status", "error"), [(400, InvalidInput), (422, InvalidInput), (503, TransientError)]
+)
+def test_embeddings_errors_map_as_chat_errors(status: int, error: type) -> None:
+    engine = Engine(lambda body: httpx.Response(status, json={"error": {"message": "no"}}))
+    h = embeddings_handler(engine)
+    wait_until(h.ready)
+    (out,) = h.predict([WorkItem(job_id="j", input=EmbeddingInput(texts=["a"]))])
+    assert isinstance(out, error) and "no" in out.message
+
+
+def test_embeddings_of_the_wrong_count_are_retryable() -> None:
+    engine = Engine(
+        lambda body: httpx.Response(200, json={"data": [{"index": 0, "embedding": [1]}]})
+    )
+    h = embeddings_handler(engine)
+    wait_until(h.ready)
+    (out,) = h.predict([WorkItem(job_id="j", input=EmbeddingInput(texts=["a", "b"]))])
+    assert isinstance(out, TransientError) and "1 vectors for 2 texts" in out.message

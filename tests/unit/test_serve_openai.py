@@ -18,7 +18,7 @@ import pytest
 from asyncinfer.core.errors import InvalidInput, JobCancelled
 from asyncinfer.models.base import ModelHandler, WorkItem, WorkSource
 from asyncinfer.models.openai_server.serve import EngineServer
-from asyncinfer.models.schemas import GenerationInput
+from asyncinfer.models.schemas import EmbeddingInput, GenerationInput
 
 
 class WordsHandler(ModelHandler):
@@ -199,3 +199,48 @@ def test_serve_openai_refuses_unknown_and_non_causal_lm_entries(
     assert serve_openai("no-such-model", port=0) == 2
     assert serve_openai("echo", port=0) == 2
     assert "serve-openai serves causal-lm entries" in caplog.text
+
+
+class LengthsHandler(ModelHandler):
+    """An embeddings stand-in: each text's vector is ``[len(text), 1.0]``."""
+
+    def __init__(self) -> None:
+        self.spec = None  # type: ignore[assignment]
+
+    def load(self) -> None:
+        pass
+
+    def predict(self, items: list[WorkItem]) -> list[Any]:
+        out = []
+        for it in items:
+            assert isinstance(it.input, EmbeddingInput)
+            out.append({"embeddings": [[float(len(t)), 1.0] for t in it.input.texts], "dim": 2})
+        return out
+
+
+def test_an_embeddings_entry_serves_v1_embeddings_only() -> None:
+    server = EngineServer(("127.0.0.1", 0), LengthsHandler(), "minilm", 4, embeddings=True)
+    server.start_engine()
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    host, port = server.server_address[:2]
+    try:
+        server.ready.wait(5)
+        with httpx.Client(base_url=f"http://{host}:{port}", timeout=10) as c:
+            r = c.post("/v1/embeddings", json={"model": "minilm", "input": ["ab", "c"]})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["object"] == "list" and body["model"] == "minilm"
+            assert [d["index"] for d in body["data"]] == [0, 1]
+            assert [d["embedding"] for d in body["data"]] == [[2.0, 1.0], [1.0, 1.0]]
+            one = c.post("/v1/embeddings", json={"input": "abc"}).json()
+            assert one["data"][0]["embedding"] == [3.0, 1.0]
+            bad = c.post("/v1/embeddings", json={"input": [1, 2]})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+            fmt = c.post("/v1/embeddings", json={"input": "a", "encoding_format": "base64"})
+            assert fmt.status_code == 400 and fmt.json()["error"]["param"] == "encoding_format"
+            assert c.post("/v1/chat/completions", json=CHAT).status_code == 404
+    finally:
+        server.stop()
+        t.join(5)
+        server.server_close()

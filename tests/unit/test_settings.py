@@ -111,6 +111,7 @@ _EVERY_VAR: list[tuple[str, str, str, object]] = [
     (ev.ECS_CLUSTER, "c", "ecs_cluster", "c"),
     (ev.ECS_SERVICES, '{"echo": "svc"}', "ecs_services", {"echo": "svc"}),
     (ev.SAGEMAKER_ENDPOINTS, '{"echo": "ep"}', "sagemaker_endpoints", {"echo": "ep"}),
+    (ev.SAGEMAKER_ENGINES, '{"llm": "chat"}', "sagemaker_engines", {"llm": "chat"}),
     (ev.WAKE_CACHE_SECONDS, "5", "wake_cache_seconds", 5.0),
     (ev.AWS_ENDPOINT_URL, "http://127.0.0.1:5000", "endpoint_url", "http://127.0.0.1:5000"),
     (ev.AWS_REGION, "eu-west-1", "region", "eu-west-1"),

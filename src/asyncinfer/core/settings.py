@@ -84,6 +84,10 @@ Environment variables (all optional unless a component needs the resource):
                                     default with the prefix and ``compute=ecs``: the naming rule)
 ``ASYNCINFER_SAGEMAKER_ENDPOINTS``  JSON ``{model_id: endpoint name}`` (bridge, wake on submit;
                                     default with the prefix and ``compute=sagemaker``: the rule)
+``ASYNCINFER_SAGEMAKER_ENGINES``    JSON ``{model_id: "chat" | "embeddings"}``: the models whose
+                                    endpoint container is their ``engine.image`` (the bridge
+                                    sends it the engine's request, the completion maps its
+                                    answer; default none: every endpoint runs our worker image)
 ``ASYNCINFER_WAKE_CACHE_SECONDS``   how long wake-on-submit trusts "not at zero", seconds (30)
 ``AWS_ENDPOINT_URL``                AWS endpoint (the local stack's emulator); unset in AWS
 ``AWS_REGION``                      region, else ``AWS_DEFAULT_REGION`` (us-east-1)
@@ -223,6 +227,8 @@ class Settings(BaseSettings):
     sagemaker_endpoints: NameMap = Field(
         default_factory=dict, validation_alias=ev.SAGEMAKER_ENDPOINTS
     )
+    #: Models whose SageMaker endpoint runs the entry's engine image, and the engine's API.
+    sagemaker_engines: NameMap = Field(default_factory=dict, validation_alias=ev.SAGEMAKER_ENGINES)
     wake_cache_seconds: float = Field(30.0, ge=0, validation_alias=ev.WAKE_CACHE_SECONDS)
     endpoint_url: str | None = Field(None, validation_alias=ev.AWS_ENDPOINT_URL)
     region: str = Field(
@@ -237,7 +243,9 @@ class Settings(BaseSettings):
             return [x.strip() for x in value.split(",") if x.strip()]
         return value
 
-    @field_validator("queue_urls", "ecs_services", "sagemaker_endpoints", mode="before")
+    @field_validator(
+        "queue_urls", "ecs_services", "sagemaker_endpoints", "sagemaker_engines", mode="before"
+    )
     @classmethod
     def _json_object(cls, value: Any) -> Any:
         """A JSON object (or a mapping) ``{model: name}``, keys and values as strings."""

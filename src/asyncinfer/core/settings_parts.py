@@ -216,10 +216,16 @@ class BridgeSettings(EventsPart):
 
     max_receive_count: int
     sagemaker_endpoints: dict[str, str]
+    sagemaker_engines: dict[str, str]  # engine entries: model id -> its engine's API
 
 
 class CompletionSettings(EventsPart):
-    """The SageMaker completion Lambda: finishes jobs from the endpoint's notifications."""
+    """The SageMaker completion Lambda: finishes jobs from the endpoint's notifications (an
+    engine entry's answers mapped to the job output; a retryable engine error retried while
+    attempts are left)."""
+
+    max_receive_count: int
+    sagemaker_engines: dict[str, str]  # engine entries: model id -> its engine's API
 
 
 class OpenAISettings(EventsPart):

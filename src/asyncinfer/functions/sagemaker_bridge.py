@@ -26,6 +26,13 @@ Per message (:class:`~asyncinfer.jobs.messages.JobMessage`):
    message is reported as a batch item failure, so SQS redelivers it (and, after
    maxReceiveCount, moves it to the DLQ, whose handler fails the job).
 
+For a model whose endpoint runs its ``openai-server`` engine image
+(``Settings.sagemaker_engines``, set by the CDK app), ``InputLocation`` is instead the engine's
+request for the job (:func:`asyncinfer.models.openai_server.invocations.invocation_of`, written to
+``inputs/<tenant>/<job_id>.engine.json``); the record's ``input_ref`` stays the job's own input,
+so a retry builds the request again. An input the entry's schema refuses fails the job
+(``invalid_input``) without invoking the endpoint.
+
 From then on SageMaker holds the request; :mod:`asyncinfer.functions.sagemaker_completion` finishes
 the job.
 """
@@ -44,7 +51,7 @@ from pydantic import ValidationError
 from asyncinfer.aws import clients
 from asyncinfer.aws.payloads import PayloadStore, dumps
 from asyncinfer.core import lifecycle
-from asyncinfer.core.errors import TransitionRefused
+from asyncinfer.core.errors import InvalidInput, JobError, TransitionRefused
 from asyncinfer.core.observability import instrument, powertools
 from asyncinfer.core.settings import Settings
 from asyncinfer.core.settings_parts import BridgeSettings
@@ -175,9 +182,13 @@ class Bridge:
         )
         iid = inference_id(msg.job_id, record["attempts"])
         try:
+            location = input_uri
+            engine_api = self.settings.sagemaker_engines.get(msg.model)
+            if engine_api:
+                location = self._engine_request(msg, input_uri, engine_api)
             self.runtime.invoke_endpoint_async(
                 EndpointName=endpoint,
-                InputLocation=input_uri,
+                InputLocation=location,
                 ContentType="application/json",
                 Accept="application/json",
                 InferenceId=iid,
@@ -185,15 +196,13 @@ class Bridge:
                 RequestTTLSeconds=request_ttl,
                 InvocationTimeoutSeconds=invocation_timeout,
             )
+        except JobError as exc:
+            if exc.retryable:
+                return self._requeue(msg.job_id, record, f"{exc.code}: {exc.message}")
+            return self._fail(msg.job_id, record, exc)
         except Exception:
             self.log.exception("InvokeEndpointAsync failed for job %s", msg.job_id)
-            # SageMaker never took the request: no event at all (its job.started, never
-            # published, leaves the outbox with this write; the requeue publishes none).
-            shown = tuple(outbox.pending_keys(record, "job.started"))
-            back = transitions.requeue(msg.job_id, record["attempts"])
-            with contextlib.suppress(TransitionRefused):
-                self.store.apply(replace(back, outboxed=False, clears=shown))
-            return False
+            return self._requeue(msg.job_id, record, "InvokeEndpointAsync failed")
         # The endpoint holds the request now: the lease lasts as long as SageMaker may take.
         extended = self.store.update_fields(
             msg.job_id,
@@ -216,6 +225,56 @@ class Bridge:
             self.metrics.add_metric(name="JobsSubmitted", unit="Count", value=1)
         self.publish(record)
         return True
+
+    def _engine_request(self, msg: JobMessage, input_uri: str, api: str) -> str:
+        """Write the engine's ``/invocations`` body of the job; returns its ``s3://`` URI.
+
+        Raises:
+            InvalidInput: the input is not valid for the entry (or not readable).
+            TransientError: S3 failed.
+        """
+        from asyncinfer.models.openai_server.invocations import invocation_of
+        from asyncinfer.models.registry import MODELS
+
+        spec = MODELS[msg.model]
+        raw = self.payloads.read_json(input_uri) if msg.input_ref else (msg.input or {})
+        try:
+            inp = spec.input_model.model_validate(raw)
+        except ValidationError as exc:
+            raise InvalidInput(f"input: {exc.errors(include_url=False)[0]['msg']}") from None
+        engine = spec.entry.engine if spec.entry is not None else None
+        body = invocation_of(api, inp, engine.model if engine is not None else msg.model)
+        return self.payloads.put_input(msg.tenant, f"{msg.job_id}.engine", dumps(body))
+
+    def _fail(self, job_id: str, record: JobRecord, exc: JobError) -> bool:
+        """``running -> failed`` with ``exc`` (a permanent error found before the invoke);
+        acknowledges the message."""
+        try:
+            failed = self.store.transition(
+                job_id,
+                from_status=lifecycle.RUNNING,
+                to_status=lifecycle.FAILED,
+                attempts=record["attempts"],
+                set_fields={"completed_at": iso(now()), "error": exc.as_dict()},
+            )
+        except TransitionRefused as refused:
+            self.log.info("%s", refused)
+            return True
+        self.log.info("job %s failed before the invoke: %s", job_id, exc.message)
+        self.publish(record)  # job.started, then job.failed: the attempt did start
+        self.publish(failed)
+        return True
+
+    def _requeue(self, job_id: str, record: JobRecord, why: str) -> bool:
+        """SageMaker never took the request: ``running -> queued`` without any event (its
+        job.started, never published, leaves the outbox with this write; the requeue publishes
+        none), and the message is retried (``False``)."""
+        self.log.warning("job %s not submitted: %s", job_id, why)
+        shown = tuple(outbox.pending_keys(record, "job.started"))
+        back = transitions.requeue(job_id, record["attempts"])
+        with contextlib.suppress(TransitionRefused):
+            self.store.apply(replace(back, outboxed=False, clears=shown))
+        return False
 
     def _start(
         self, job_id: str, input_uri: str, started_at: str, message_id: str | None = None

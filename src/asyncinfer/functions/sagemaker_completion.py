@@ -17,6 +17,17 @@ On success the output JSON is read from ``outputLocation``: at most 64 KB is sto
 (``output``), larger outputs stay where SageMaker wrote them (``output_ref``). The job goes
 ``running -> succeeded`` (or ``failed``) at the attempt that the record holds; a late or
 duplicate notification is refused by :meth:`JobStore.transition` and ignored.
+
+For a model whose endpoint runs its ``openai-server`` engine image (``Settings.sagemaker_engines``)
+the output is the engine's answer, mapped to the job output of api.md
+(:func:`asyncinfer.models.openai_server.invocations.output_of`: ``text``, ``finish_reason``,
+``usage``; or ``embeddings``, ``dim``) and kept inline or, when larger, at
+``outputs/<tenant>/<job_id>.json``. An answer of another shape fails the job (``model_error``). A
+failure whose reason names the engine's HTTP status is mapped as on ECS
+(:func:`~asyncinfer.models.openai_server.invocations.failure_of`): 4xx ``invalid_input``; 5xx,
+408 and 429 are retried while ``attempts`` is below ``maxReceiveCount`` (then the job fails with
+that error): the job's lease is ended now, so that the sweeper takes it back at its next round
+(:mod:`asyncinfer.jobs.leases`: queued again, and its message sent again).
 """
 
 from __future__ import annotations
@@ -36,7 +47,9 @@ from asyncinfer.core.settings_parts import CompletionSettings
 from asyncinfer.core.timeutil import iso, now, parse
 from asyncinfer.functions.sagemaker_bridge import parse_inference_id
 from asyncinfer.jobs.record import JobRecord
-from asyncinfer.jobs.store import JobStore
+from asyncinfer.jobs.store import LEASE_FIELD, JobStore
+from asyncinfer.models.openai_server.invocations import failure_of, output_of
+from asyncinfer.models.openai_server.protocol import EngineAnswerError
 
 Publish = Callable[[JobRecord], Any]
 #: Called as ``emit(metric_name, value, unit, model)``.
@@ -143,14 +156,24 @@ class Completion:
         ok = str(note.get("invocationStatus", "")).lower() == "completed" and _field(
             note, "outputLocation"
         )
+        engine_api = self.settings.sagemaker_engines.get(str(record.get("model", "")))
         if ok:
             to = lifecycle.SUCCEEDED
             location = str(_field(note, "outputLocation"))
             output = self.payloads.read_json(location)
+            if engine_api:
+                output, error = _engine_output(engine_api, output)
+                if error is not None:
+                    to, fields["error"] = lifecycle.FAILED, error
             body = dumps(output)
-            if len(body) > INLINE_OUTPUT_LIMIT_BYTES:
-                fields["output_ref"] = location
-            else:
+            if to == lifecycle.SUCCEEDED and len(body) > INLINE_OUTPUT_LIMIT_BYTES:
+                # The engine's raw answer is not the job's output: the mapped one is stored.
+                fields["output_ref"] = (
+                    self.payloads.put_output(str(record.get("tenant")), job_id, body)
+                    if engine_api
+                    else location
+                )
+            elif to == lifecycle.SUCCEEDED:
                 fields["output"] = body.decode()
         else:
             to = lifecycle.FAILED
@@ -163,6 +186,12 @@ class Completion:
                 except Exception:  # the failure body is optional and may not be JSON
                     detail = None
             fields["error"] = classify_failure(reason, detail)
+            engine_error = failure_of(reason, detail) if engine_api else None
+            if engine_error is not None:
+                fields["error"] = engine_error.as_dict()
+                again = (attempt or 1) < self.settings.max_receive_count  # else it fails here
+                if engine_error.retryable and again and not record.get("cancel_requested"):
+                    return job_id, self._retry(job_id, attempt or 1, engine_error.message)
         if record.get("cancel_requested"):
             # A SageMaker invocation cannot be stopped once it runs: a job cancelled meanwhile
             # ends cancelled when its result arrives, keeping what the endpoint produced.
@@ -196,6 +225,28 @@ class Completion:
                 rs = job_metrics.RUN_SECONDS
                 self.emit(rs, run, job_metrics.UNITS[rs], model)
         return job_id, to
+
+    def _retry(self, job_id: str, attempt: int, why: str) -> str:
+        """End the lease of ``job_id``'s attempt now, so that the sweeper takes the job back at
+        its next round (another attempt, or ``max_attempts``); returns ``retrying`` (or
+        ``ignored`` when the job moved on meanwhile)."""
+        ended = self.store.update_fields(
+            job_id,
+            status=lifecycle.RUNNING,
+            attempts=attempt,
+            set_fields={LEASE_FIELD: int(now().timestamp()) - 1},
+        )
+        self.log.warning("job %s attempt %s: retryable engine failure: %s", job_id, attempt, why)
+        return "retrying" if ended else "ignored"
+
+
+def _engine_output(api: str, answer: Any) -> tuple[Any, dict[str, str] | None]:
+    """``(job output, None)`` of an engine's answer, or ``(answer, model_error)`` when it is of
+    no documented shape."""
+    try:
+        return output_of(api, answer), None
+    except EngineAnswerError as exc:
+        return answer, job_error("model_error", f"the engine's answer: {exc}"[:1000]).as_dict()
 
 
 logger, tracer, metrics = powertools("sagemaker-completion")

@@ -85,15 +85,38 @@ class Compute(_Strict):
     warm_pool: int = Field(default=0, ge=0, le=100, strict=True)
 
 
+#: ``engine.image: aws:NAME`` names one of AWS's serving containers, resolved per region at synth
+#: (``sagemaker.image_uris.retrieve(NAME, region, version=engine.version)``): LMI (DJL, vLLM
+#: inside), TGI (``huggingface-llm``) and TEI (``huggingface-tei``, embeddings).
+AWS_IMAGES: tuple[str, ...] = ("djl-lmi", "huggingface-llm", "huggingface-tei")
+AWS_IMAGE_PREFIX = "aws:"
+
+
 class Engine(_Strict):
     """The OpenAI-compatible server an ``openai-server`` entry's worker feeds: ``url`` of one
-    already running, or ``image`` of one the CDK app runs beside the worker."""
+    already running, or ``image`` of one the CDK app runs beside the worker (ECS) or as the
+    SageMaker endpoint's container.
+
+    ``image`` is an image reference, or ``aws:NAME`` (:data:`AWS_IMAGES`, SageMaker only) with
+    ``version`` (the container's version, e.g. ``0.31.0`` for LMI). ``api`` is what the engine
+    serves the entry's jobs with: ``chat`` (``/v1/chat/completions`` and ``/v1/completions``;
+    input and output of ``causal-lm``) or ``embeddings`` (``/v1/embeddings``; input and output
+    of the ``embeddings`` kind: ``texts`` -> ``embeddings``, ``dim``)."""
 
     url: str | None = Field(default=None, pattern=r"^https?://")
     model: str = Field(min_length=1)
     image: str | None = Field(default=None, min_length=1)
+    version: str | None = Field(default=None, min_length=1, max_length=64)
     args: list[str] = Field(default_factory=list)
     tensor_parallel: int = Field(default=1, ge=1, strict=True)
+    api: Literal["chat", "embeddings"] = "chat"
+
+    @property
+    def aws_image(self) -> str | None:
+        """``NAME`` of an ``image: aws:NAME``, else ``None``."""
+        if self.image and self.image.startswith(AWS_IMAGE_PREFIX):
+            return self.image[len(AWS_IMAGE_PREFIX) :]
+        return None
 
 
 class ModelEntry(_Strict):
@@ -257,6 +280,21 @@ def _engine_problems(at: str, suffix: str, engine: dict[str, Any], compute: Any)
                     f"{at}.engine.{name}: only for an engine.image the CDK app runs; an "
                     f"engine.url is already running{suffix}"
                 )
+    image = engine.get("image")
+    if isinstance(image, str) and image.startswith(AWS_IMAGE_PREFIX):
+        name = image[len(AWS_IMAGE_PREFIX) :]
+        if name not in AWS_IMAGES:
+            out.append(
+                f"{at}.engine.image: unknown AWS container {name!r}; one of "
+                f"{', '.join(AWS_IMAGE_PREFIX + n for n in AWS_IMAGES)}, or an image URI{suffix}"
+            )
+        if not engine.get("version"):
+            out.append(
+                f"{at}.engine.version: required with image {image} (the container's version, "
+                f"as sagemaker.image_uris.retrieve takes it){suffix}"
+            )
+    elif engine.get("version") is not None:
+        out.append(f"{at}.engine.version: only with an image aws:NAME{suffix}")
     tp = engine.get("tensor_parallel", 1)
     gpus = compute.get("gpus", 1) if isinstance(compute, dict) else 1
     if (

@@ -166,7 +166,15 @@ def spec_of(entry: ModelEntry, catalogue: Catalogue) -> ModelSpec:
     """The :class:`ModelSpec` of one catalogue entry."""
     schema = catalogue.input_schemas.get(entry.id)
     input_model: type[BaseModel]
-    if entry.kind in ("causal-lm", "openai-server"):
+    task = KIND_TASKS[entry.kind]
+    if (
+        entry.kind == "openai-server"
+        and entry.engine is not None
+        and entry.engine.api == "embeddings"
+    ):
+        # An engine serving /v1/embeddings takes and gives what the embeddings kind does.
+        input_model, task = EmbeddingInput, KIND_TASKS["embeddings"]
+    elif entry.kind in ("causal-lm", "openai-server"):
         input_model = _generation_input(entry.limits.max_new_tokens if entry.limits else 1024)
     elif entry.kind == "embeddings":
         input_model = EmbeddingInput
@@ -176,7 +184,7 @@ def spec_of(entry: ModelEntry, catalogue: Catalogue) -> ModelSpec:
         input_model = EchoInput
     return ModelSpec(
         id=entry.id,
-        task=KIND_TASKS[entry.kind],
+        task=task,
         input_model=input_model,
         handler=entry.handler or KIND_HANDLERS.get(entry.kind, ""),
         max_batch_size=entry.max_batch_size,

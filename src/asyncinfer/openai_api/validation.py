@@ -192,7 +192,9 @@ def check_line(raw: bytes, number: int, endpoint: str, deployed: list[str], seen
             "body.model",
             "model_not_found",
         )
-    kind = MODELS[model].kind
+    spec = MODELS[model]
+    # An openai-server entry with engine.api: embeddings serves what the embeddings kind does.
+    kind = "embeddings" if spec.kind == "openai-server" and spec.task == "embeddings" else spec.kind
     if kind not in ENDPOINT_KINDS[endpoint]:
         raise LineError(f"model {model!r} ({kind}) does not serve {endpoint}", "body.model")
     data = job_input(endpoint, kind, body)

@@ -11,6 +11,8 @@ run beside the worker).
   (vLLM's ``vllm:num_requests_waiting``, SGLang's ``sglang:num_queue_reqs``, TGI's
   ``tgi_queue_size``). The worker receives no message and the handler takes no job while it is
   ``False``, so jobs wait in SQS, where other workers can get them, not in the engine's queue.
+* **Embeddings** (``engine.api: embeddings``): each job is one ``POST /v1/embeddings`` of its
+  ``texts``; the output is the ``embeddings`` kind's (``embeddings``, ``dim``).
 * **Progress**: tokens so far (one per content chunk; the engine's ``usage`` at the end),
   reported at most every :data:`PROGRESS_INTERVAL` seconds, as the built-in engine does.
 * **Cancel, timeout, stop**: the job's task is cancelled within :data:`WATCH_SECONDS`, which
@@ -34,7 +36,6 @@ from typing import Any
 import httpx
 
 from asyncinfer.core.errors import (
-    InvalidInput,
     JobCancelled,
     JobError,
     TransientError,
@@ -42,8 +43,15 @@ from asyncinfer.core.errors import (
 )
 from asyncinfer.models import base
 from asyncinfer.models.base import ModelHandler, Result, WorkItem, WorkSource
-from asyncinfer.models.openai_server.protocol import finish_reason, gauge, request_of
-from asyncinfer.models.schemas import GenerationInput
+from asyncinfer.models.openai_server.protocol import (
+    embeddings_output_of,
+    embeddings_request_of,
+    error_of,
+    finish_reason,
+    gauge,
+    request_of,
+)
+from asyncinfer.models.schemas import EmbeddingInput, GenerationInput
 
 log = logging.getLogger("asyncinfer.models.openai_server")
 
@@ -55,26 +63,6 @@ WATCH_SECONDS = 0.05
 POLL_SECONDS = 0.5
 #: The engine-queue gauges of the servers we know (summed over their label sets).
 QUEUE_GAUGES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "tgi_queue_size")
-#: HTTP statuses that mean "try again later" rather than "this request is wrong".
-RETRYABLE_4XX = (408, 429)
-
-
-def error_of(status: int, body: bytes) -> JobError:
-    """The job error of an engine's HTTP error ``status``: 5xx, 408 and 429 retryable, other
-    4xx :class:`InvalidInput` with the engine's message (OpenAI's ``error.message``)."""
-    message = body.decode("utf-8", "replace")[:500]
-    try:
-        parsed = json.loads(body)
-        err = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
-        if isinstance(err, dict) and err.get("message"):
-            message = str(err["message"])[:500]
-        elif isinstance(err, str):
-            message = err[:500]
-    except ValueError:
-        pass
-    if status >= 500 or status in RETRYABLE_4XX:
-        return TransientError(f"engine answered {status}: {message}")
-    return InvalidInput(f"engine refused the request ({status}): {message}")
 
 
 class _Job:
@@ -231,9 +219,11 @@ class OpenAIServerHandler(ModelHandler):
     async def _request(self, job: _Job) -> Result:
         assert self._client is not None
         inp = job.item.input
+        headers = {"X-Request-Id": job.item.job_id}
+        if isinstance(inp, EmbeddingInput):
+            return await self._embed(job, inp, headers)
         assert isinstance(inp, GenerationInput)
         path, body = request_of(inp, self.model)
-        headers = {"X-Request-Id": job.item.job_id}
         try:
             async with self._client.stream("POST", path, json=body, headers=headers) as resp:
                 if resp.status_code >= 400:
@@ -248,15 +238,33 @@ class OpenAIServerHandler(ModelHandler):
                     if failure is not None:
                         return failure
         except httpx.HTTPError as exc:
-            if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)):
-                self._healthy = False  # until /health answers again
-            log.warning(
-                "job %s: engine connection: %s: %s", job.item.job_id, type(exc).__name__, exc
-            )
-            return TransientError(f"engine connection: {type(exc).__name__}: {exc}"[:500])
+            return self._connection_error(job, exc)
         if job.finish is None:
             return TransientError("the engine's stream ended before a finish_reason")
         return job.output(finish_reason(job.finish))
+
+    async def _embed(self, job: _Job, inp: EmbeddingInput, headers: dict[str, str]) -> Result:
+        """One ``/v1/embeddings`` request (an ``engine.api: embeddings`` entry): the job's
+        ``texts`` in, ``{"embeddings", "dim"}`` out; an answer of another shape is retryable
+        (a broken engine), as a 5xx is."""
+        assert self._client is not None
+        path, body = embeddings_request_of(inp, self.model)
+        try:
+            resp = await self._client.post(path, json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            return self._connection_error(job, exc)
+        if resp.status_code >= 400:
+            return error_of(resp.status_code, resp.content)
+        try:
+            return embeddings_output_of(resp.json(), len(inp.texts))
+        except ValueError as exc:  # EngineAnswerError, or not JSON at all
+            return TransientError(f"engine answer: {exc}"[:500])
+
+    def _connection_error(self, job: _Job, exc: httpx.HTTPError) -> JobError:
+        if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)):
+            self._healthy = False  # until /health answers again
+        log.warning("job %s: engine connection: %s: %s", job.item.job_id, type(exc).__name__, exc)
+        return TransientError(f"engine connection: {type(exc).__name__}: {exc}"[:500])
 
     def _chunk(self, job: _Job, data: str) -> JobError | None:
         """Take one ``data:`` chunk; a job error when the engine reports one in the stream."""
@@ -290,7 +298,9 @@ class OpenAIServerHandler(ModelHandler):
     def _interrupted(self, job: _Job) -> Result:
         exc = job.item.interruption()
         if isinstance(exc, JobCancelled) or exc is None:
-            return JobCancelled("job was cancelled", partial=job.output("cancelled"))
+            embedding = isinstance(job.item.input, EmbeddingInput)  # no partial vectors
+            partial = None if embedding else job.output("cancelled")
+            return JobCancelled("job was cancelled", partial=partial)
         if isinstance(exc, (JobError, WorkerStopping)):
             return exc
         return TransientError(str(exc))

@@ -1,12 +1,15 @@
-"""``asyncinfer serve-openai --model ID``: a ``causal-lm`` entry of the catalogue behind an
-OpenAI-compatible HTTP server, so that our own engine can run as the sidecar of an
-``openai-server`` entry, and so that the ``openai-server`` path is tested against a real model.
+"""``asyncinfer serve-openai --model ID``: a ``causal-lm`` (or ``embeddings``) entry of the
+catalogue behind an OpenAI-compatible HTTP server, so that our own engine can run as the sidecar
+of an ``openai-server`` entry, and so that the ``openai-server`` path is tested against a real
+model.
 
 Endpoints (as vLLM's OpenAI server has them):
 
 * ``POST /v1/chat/completions`` and ``POST /v1/completions``: streaming (server-sent events,
   ``data: {chunk}`` lines, ``data: [DONE]`` last; ``usage`` in the last chunk when
   ``stream_options.include_usage``) or not; ``usage`` and ``finish_reason`` as OpenAI's;
+* ``POST /v1/embeddings`` instead, for an ``embeddings`` entry (``input`` a string or a list of
+  strings; ``data`` of ``{"index", "embedding"}`` as OpenAI answers);
 * ``GET /v1/models``: the one model served (its catalogue id);
 * ``GET /health``: 200 once the weights are loaded, 503 before;
 * ``GET /metrics``: Prometheus text: ``vllm:num_requests_running`` and
@@ -37,7 +40,9 @@ from asyncinfer.models.base import ModelHandler, WorkItem
 from asyncinfer.models.openai_server.protocol import (
     CHAT_PATH,
     COMPLETIONS_PATH,
+    EMBEDDINGS_PATH,
     BadRequest,
+    embeddings_input_of,
     input_of,
 )
 from asyncinfer.models.openai_server.requests import Request, RequestSource
@@ -57,18 +62,27 @@ class EngineServer(ThreadingHTTPServer):
         handler: a built model handler (``load`` is called by :meth:`start_engine`).
         model: the model name served (``/v1/models``, requests' ``model``).
         max_batch_size: most requests running at once.
+        embeddings: an ``embeddings`` entry: ``POST /v1/embeddings`` is served (and the
+            completions routes are not).
     """
 
     daemon_threads = True
     allow_reuse_address = True
 
     def __init__(
-        self, address: tuple[str, int], handler: ModelHandler, model: str, max_batch_size: int
+        self,
+        address: tuple[str, int],
+        handler: ModelHandler,
+        model: str,
+        max_batch_size: int,
+        *,
+        embeddings: bool = False,
     ) -> None:
         super().__init__(address, _Handler)
         self.handler = handler
         self.model = model
         self.max_batch_size = max_batch_size
+        self.embeddings = embeddings
         self.source = RequestSource()
         self.ready = threading.Event()
         self.created = int(time.time())
@@ -188,7 +202,8 @@ class _Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------ POST
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
-        if path not in (CHAT_PATH, COMPLETIONS_PATH):
+        routes = (EMBEDDINGS_PATH,) if self.server.embeddings else (CHAT_PATH, COMPLETIONS_PATH)
+        if path not in routes:
             self._error(404, f"no route {path}")
             return
         chat = path == CHAT_PATH
@@ -202,28 +217,50 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(503, "the model is not ready")
             return
         try:
-            inp = input_of(body, chat=chat)
+            inp = (
+                embeddings_input_of(body) if path == EMBEDDINGS_PATH else input_of(body, chat=chat)
+            )
             if body.get("model") not in (None, self.server.model):
                 self._error(404, f"The model `{body.get('model')}` does not exist.", "model")
                 return
         except BadRequest as exc:
             self._error(400, exc.message, exc.param)
             return
-        stream = bool(body.get("stream"))
+        stream = bool(body.get("stream")) and path != EMBEDDINGS_PATH
         usage_chunk = bool((body.get("stream_options") or {}).get("include_usage"))
         # The caller's X-Request-Id (the worker sends the job id) names the request in the log.
         tag = str(self.headers.get("X-Request-Id") or uuid.uuid4().hex)[:80]
-        rid = ("chatcmpl-" if chat else "cmpl-") + tag
+        rid = {CHAT_PATH: "chatcmpl-", COMPLETIONS_PATH: "cmpl-"}.get(path, "embd-") + tag
         item = WorkItem(job_id=rid, input=inp, raw_input=body)
         req = self.server.source.submit(item)
         log.info("request %s: %s (%s)", rid, path, "stream" if stream else "whole")
         try:
-            if stream:
+            if path == EMBEDDINGS_PATH:
+                self._vectors(req, rid)
+            elif stream:
                 self._stream(req, rid, chat, usage_chunk)
             else:
                 self._whole(req, rid, chat)
         except (BrokenPipeError, ConnectionResetError):
             self._closed(req, rid)
+
+    def _vectors(self, req: Request, rid: str) -> None:
+        """Answer a ``/v1/embeddings`` request as OpenAI does (``data`` of ``{"object":
+        "embedding", "index", "embedding"}``; ``usage`` counts no tokens: the kind has none)."""
+        if not self._await(req, rid):
+            return
+        out = req.result
+        if not isinstance(out, dict):
+            self._error(*self._failure(out))
+            return
+        data = [
+            {"object": "embedding", "index": i, "embedding": v}
+            for i, v in enumerate(out.get("embeddings") or [])
+        ]
+        usage = {"prompt_tokens": 0, "total_tokens": 0}
+        self._json(
+            200, {"object": "list", "data": data, "model": self.server.model, "usage": usage}
+        )
 
     def _closed(self, req: Request, rid: str) -> None:
         """The client went away: cancel its job (at once if still waiting)."""
@@ -350,8 +387,9 @@ def _usage(out: dict[str, Any]) -> dict[str, int]:
 def serve_openai(
     model_id: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch_size: int | None = None
 ) -> int:
-    """Serve catalogue entry ``model_id`` (``causal-lm``) until SIGTERM or SIGINT; returns 0, or
-    2 when the entry is missing or not a ``causal-lm``."""
+    """Serve catalogue entry ``model_id`` (``causal-lm``: the completions routes; ``embeddings``:
+    ``/v1/embeddings``) until SIGTERM or SIGINT; returns 0, or 2 when the entry is missing or of
+    another kind."""
     from asyncinfer.core.settings import get_settings
     from asyncinfer.models.registry import MODELS
 
@@ -359,13 +397,22 @@ def serve_openai(
         log.error("model %r is not in the catalogue; known: %s", model_id, ", ".join(MODELS))
         return 2
     spec = MODELS[model_id]
-    if spec.kind != "causal-lm":
+    if spec.kind not in ("causal-lm", "embeddings"):
         log.error(
-            "model %r is of kind %s; serve-openai serves causal-lm entries", model_id, spec.kind
+            "model %r is of kind %s; serve-openai serves causal-lm entries (and embeddings "
+            "entries, on /v1/embeddings)",
+            model_id,
+            spec.kind,
         )
         return 2
     handler = spec.load_handler(cache_dir=get_settings().model_cache_dir)
-    server = EngineServer((host, port), handler, model_id, max_batch_size or spec.max_batch_size)
+    server = EngineServer(
+        (host, port),
+        handler,
+        model_id,
+        max_batch_size or spec.max_batch_size,
+        embeddings=spec.kind == "embeddings",
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
     log.info("serve-openai: model %s on http://%s:%d/v1", model_id, *server.server_address[:2])
