@@ -202,8 +202,6 @@ def add_sagemaker_compute(
     # leases (issue 14): failed notifications are kept; the sweeper re-sends the
     # messages of SageMaker jobs it takes back.
     stack.sagemaker.add_completion_failure_destination(stack.completion_fn)
-    for q in stack.queues.class_queues.values():
-        q.grant_send_messages(stack.sweeper_fn)
     return {
         m: endpoint_metric("ApproximateBacklogSizePerInstance", n)
         for m, n in stack.sagemaker.endpoint_names.items()

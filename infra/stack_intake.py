@@ -122,6 +122,10 @@ def add_background(stack: AsyncInferStack, parts: StackParts, removal: RemovalPo
     stack.table.grant_read_write_data(stack.sweeper_fn)
     stack.bucket.grant_read(stack.sweeper_fn, "outputs/*")
     stack.events_topic.grant_publish(stack.sweeper_fn)
+    # The sweeper sends job messages again in both backends (issue 14): the messages of the
+    # SageMaker jobs it takes back, and of the jobs handed back whose message was lost
+    # (sweeper.resend_lost, a worker's job as well).
+    stack.queues.grant_job_queues(stack.sweeper_fn, SEND_ACTIONS)
     events.Rule(
         stack,
         "SweeperSchedule",

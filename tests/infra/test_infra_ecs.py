@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from asyncinfer.core import naming
 from asyncinfer.models.registry import MODELS
 
 
@@ -132,3 +133,24 @@ def test_workers_in_public_subnets_without_nat_or_inbound_rules(ecs: Any) -> Non
 def test_no_sagemaker_resources(ecs: Any) -> None:
     assert not ecs.resources("AWS::SageMaker::Endpoint")
     assert "sagemaker" not in json.dumps(ecs.props("AWS::Lambda::Function")).lower()
+
+
+def test_sweeper_may_resend_messages_of_lost_hand_backs(ecs: Any) -> None:
+    """The sweeper sends the message of a job handed back whose message was lost again
+    (``sweeper.resend_lost``, issue 14), a worker's job as well: it may send to every job queue
+    in compute=ecs too. Before, only the SageMaker backend granted it, and each re-send of a
+    worker's job was AccessDenied (logged), leaving the job queued for ever."""
+    sweeper_role = next(
+        r["Properties"]["Role"]["Fn::GetAtt"][0]
+        for r in ecs.resources("AWS::Lambda::Function").values()
+        if "expiry sweeper" in r["Properties"].get("Description", "")
+    )
+    send_to = [
+        json.dumps(st["Resource"])
+        for p in ecs.props("AWS::IAM::Policy")
+        if {"Ref": sweeper_role} in p["Roles"]
+        for st in p["PolicyDocument"]["Statement"]
+        if "sqs:SendMessage" in (st["Action"] if isinstance(st["Action"], list) else [st["Action"]])
+    ]
+    # Every job queue of the deployment, by the naming rule's pattern (as the API's grant).
+    assert any(f"{naming.JOBS_INFIX}*" in r for r in send_to), send_to

@@ -232,6 +232,65 @@ def test_a_worker_that_meets_a_job_taken_back_releases_its_message(
     assert json.loads(m["Body"])["job_id"] == job_id
 
 
+def test_jobs_started_together_in_one_transaction_take_a_lease(
+    lset: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take of several first deliveries starts them in one TransactWriteItems call: each
+    start takes a lease as a lone one does. Before, those starts were written without one, so
+    the jobs were outside the running-lease index (a worker killed before its first heartbeat
+    left them to their messages alone) and a duplicate message met them as lapsed, taking them
+    back from their live worker."""
+    store = JobStore(lset)
+    ids = sorted(submit(lset) for _ in range(3))
+    msgs = clients.client("sqs", lset).receive_message(
+        QueueUrl=lset.queue_url("echo"),
+        MaxNumberOfMessages=10,
+        WaitTimeSeconds=0,
+        MessageSystemAttributeNames=["ApproximateReceiveCount"],
+    )["Messages"]
+    assert len(msgs) == 3
+    worker = Worker(lset, "echo")
+    for m in msgs:
+        held = Held(
+            message_id=m["MessageId"],
+            receipt=m["ReceiptHandle"],
+            body=m["Body"],
+            queue_url=lset.queue_url("echo"),
+            receive_count=int(m["Attributes"]["ApproximateReceiveCount"]),
+        )
+        worker.inflight.add(held)
+        worker.inboxes["normal"].put(held)
+    calls = count_calls(worker.store.ddb)
+    t0 = int(time.time())
+    assert len(worker.take(3, timeout=0)) == 3
+    assert calls["TransactWriteItems"] >= 1  # started together, not one by one
+    for job_id in ids:
+        rec = store.get(job_id)
+        assert rec is not None and rec["status"] == "running"
+        assert t0 + LEASE <= rec[LEASE_FIELD] <= int(time.time()) + LEASE + 1
+    # A duplicate of one job's message (a re-send) before the first heartbeat is a duplicate,
+    # not a lost attempt: the job stays with its live worker.
+    body = next(m["Body"] for m in msgs if json.loads(m["Body"])["job_id"] == ids[0])
+    clients.client("sqs", lset).send_message(QueueUrl=lset.queue_url("echo"), MessageBody=body)
+    dup = receive(lset)
+    other = Worker(lset, "echo")
+    held = Held(
+        message_id=dup["MessageId"],
+        receipt=dup["ReceiptHandle"],
+        body=dup["Body"],
+        queue_url=lset.queue_url("echo"),
+        receive_count=int(dup["Attributes"]["ApproximateReceiveCount"]),
+    )
+    other.inflight.add(held)
+    other.inboxes["normal"].put(held)
+    assert other.take(1, timeout=0) == []
+    rec = store.get(ids[0])
+    assert rec is not None and rec["status"] == "running" and rec["attempts"] == 1
+    later(monkeypatch, LEASE + 2)  # the worker was killed before its first heartbeat
+    assert sorted(store.running_past_lease(int(time.time()))) == ids
+    assert sorted(r["job_id"] for r in sweeper.take_back_lapsed(lset)) == ids
+
+
 def test_the_heartbeat_renews_the_leases_of_running_jobs(
     lset: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -65,14 +65,25 @@ DELETE = Leave("delete")
 
 
 def start_transition(
-    job_id: str, *, attempts: int | None, started_at: str, message_id: str | None = None
+    job_id: str,
+    *,
+    attempts: int | None,
+    started_at: str,
+    message_id: str | None = None,
+    lease_until: int | None = None,
 ) -> Transition:
     """``queued -> running`` with attempts + 1, ``started_at`` and the ``message_id`` the attempt
     starts from; ``attempts`` is the condition on the queued record's count (``None``: any). The
     batched and the lone start are this one transition (:func:`asyncinfer.jobs.transitions.start`,
-    which the SageMaker bridge uses too)."""
+    which the SageMaker bridge uses too). ``lease_until`` (epoch seconds,
+    :meth:`JobStore.lease_until`): the lease, which a start written in a transaction must carry
+    (:meth:`JobStore.transition_many` adds none; a lone start gets one from the writer)."""
     return transitions.start(
-        job_id, attempts=attempts, started_at=started_at, message_id=message_id
+        job_id,
+        attempts=attempts,
+        started_at=started_at,
+        message_id=message_id,
+        set_fields={LEASE_FIELD: lease_until} if lease_until is not None else None,
     )
 
 
@@ -150,8 +161,15 @@ class Starter:
                 and job_id not in running
             ):
                 pending_ids.add(job_id)
+                # Its lease in the transaction's write (before, the starts of a take had none:
+                # outside the running-lease index, the sweeper could not take them back, and a
+                # duplicate message met them as lapsed and took them from their live worker).
                 start = start_transition(
-                    job_id, attempts=0, started_at=iso(now()), message_id=h.message_id
+                    job_id,
+                    attempts=0,
+                    started_at=iso(now()),
+                    message_id=h.message_id,
+                    lease_until=self.store.lease_until(),
                 )
                 batched.append((h, msg, start))
             else:
