@@ -280,3 +280,56 @@ def test_an_event_that_fails_keeps_its_message_and_its_jobs_later_events() -> No
     journal.publish(force=True)
     assert events.out == ["B succeeded", "A running", "A succeeded"]
     assert held.to_delete == [b, a] and not journal.retrying
+
+
+class HangingEvents:
+    """SNS out: every publish blocks until ``release`` is set, then fails (botocore retrying for
+    seconds); counts the calls made."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+
+    def publish_many(self, records: list[dict[str, Any]]) -> None:
+        self.calls += 1
+        self.entered.set()
+        self.release.wait(10)
+        raise RuntimeError("SNS unavailable")
+
+    def publish(self, record: dict[str, Any]) -> None:
+        self.publish_many([record])
+
+
+def test_an_sns_outage_never_holds_the_write_lock_the_lease_renewals_need() -> None:
+    """Issue 14.1 (review): the watcher renews leases under the worker's write lock; a publish
+    stuck in SNS retries must not hold it, or live workers' jobs would lapse and be taken back.
+    A publish in progress makes another thread's publish return at once; one outage costs a few
+    calls, not one per buffered event."""
+    log = Log()
+    lock = threading.RLock()
+    held = HeldMessages(StubSqsDeletes(log), lock=lock)
+    events = HangingEvents()
+    journal = Journal(
+        StubStore(log),  # type: ignore[arg-type]
+        events,  # type: ignore[arg-type]
+        held,
+        lock=lock,
+        visibility_timeout_seconds=30,
+    )
+    for n in range(20):
+        journal.event({"job_id": f"J{n}", "status": "succeeded"})
+    publisher = threading.Thread(target=journal.publish, daemon=True)
+    publisher.start()
+    assert events.entered.wait(5)
+    got = lock.acquire(timeout=1)  # what Watcher.renew_leases does
+    assert got, "the write lock is held while SNS is called"
+    lock.release()
+    t0 = time.monotonic()
+    journal.flush()  # the watcher's or the main loop's flush: no wait for the other publish
+    assert time.monotonic() - t0 < 1
+    events.release.set()
+    publisher.join(5)
+    assert not publisher.is_alive()
+    assert events.calls <= 3  # the batch, then two one by one: SNS is taken to be out
+    assert len(journal.events) == 20 and journal.retrying  # every event kept for a later try

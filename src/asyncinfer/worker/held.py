@@ -39,10 +39,11 @@ class HeldMessages:
 
     Args:
         sqs: a boto3 SQS client (or a stub with the same methods).
-        lock: the worker's write lock; deletes take it so that the job's terminal write and
-            event (``before_delete``) go out before its message is deleted.
-        before_delete: called under ``lock`` before a batch of deletes (writes the pending
-            terminal records and publishes their events).
+        lock: the worker's write lock (kept for the components that share it; deletes no
+            longer take it: ``before_delete`` takes it for its own writes).
+        before_delete: called before a batch of deletes (writes the pending terminal records
+            and publishes their events; a message is queued for deletion only once its event
+            is out).
         inflight: the set of held messages (default: a new one).
     """
 
@@ -120,10 +121,11 @@ class HeldMessages:
 
     def flush_deletes(self) -> None:
         """Delete finished messages, up to 10 per DeleteMessageBatch call, after
-        ``before_delete`` (a job's terminal write and event go before its message's deletion)."""
-        with self._lock:
-            self.before_delete()
-            held, self.to_delete = self.to_delete, []
+        ``before_delete`` (a job's terminal write and event go before its message's deletion:
+        a message is queued for deletion only once its event is out). ``before_delete`` takes
+        the write lock itself for its writes and publishes without it."""
+        self.before_delete()
+        held, self.to_delete = self.to_delete, []
         for url, group in by_queue(held).items():
             for i in range(0, len(group), SQS_BATCH):
                 chunk = group[i : i + SQS_BATCH]

@@ -3,9 +3,12 @@ next take's TransactWriteItems call, the buffered job events (published with SNS
 before the messages of their jobs are deleted), and requeues.
 
 One lock (the worker's write lock) serialises the main loop's and the watcher's writes, so that
-events precede deletions and the two never write the same item at once (DynamoDB cancels a
-transaction that meets another one on an item, and refuses a plain write to an item a
-transaction is writing).
+the two never write the same item at once (DynamoDB cancels a transaction that meets another one
+on an item, and refuses a plain write to an item a transaction is writing). Events are published
+under a lock of their own, never under the write lock: an SNS outage (each call retried by
+botocore for seconds) must not hold up the watcher's lease renewals and visibility extensions,
+or the sweeper would take back jobs of live workers (issue 14). A message is queued for deletion
+only after its event is out, so events still precede deletions.
 """
 
 from __future__ import annotations
@@ -28,8 +31,14 @@ from asyncinfer.worker.inflight import Held
 
 log = logging.getLogger("asyncinfer.worker")
 
-#: After a failed publish, the buffered events are tried again at most this often, seconds.
+#: After a failed publish, the buffered events are tried again at most this often, seconds;
+#: the pause doubles after each failed try, up to :data:`PUBLISH_RETRY_MAX_SECONDS`.
 PUBLISH_RETRY_SECONDS = 1.0
+#: The longest pause between two tries of events kept by failed publishes, seconds.
+PUBLISH_RETRY_MAX_SECONDS = 30.0
+#: Events tried one by one after a failed PublishBatch: after this many failures in a row SNS is
+#: taken to be out and the rest are kept untried (bounds a publish to a few calls' retries).
+PUBLISH_FAILURES_IN_A_ROW = 2
 
 #: A buffered event: the record, and the message to delete once the event is out (or ``None``).
 Entry = tuple[JobRecord, Held | None]
@@ -82,6 +91,10 @@ class Journal:
         #: Buffered events, each with the message to delete once it is out (or ``None``).
         self.events: list[Entry] = []
         self._retry_after = 0.0  # after a failed publish, no new try before this (monotonic)
+        self._retry_pause = PUBLISH_RETRY_SECONDS
+        #: Held while events are being published (one publisher at a time keeps each job's events
+        #: in order); never taken under :attr:`lock` by this class.
+        self._publishing = threading.Lock()
         #: Outbox keys of the ``job.started`` events published, by job id: the job's terminal
         #: write removes them (asyncinfer.jobs.outbox), so a start costs no extra request.
         self.started_out: dict[str, tuple[str, ...]] = {}
@@ -201,10 +214,11 @@ class Journal:
         within the pause after a failed publish; the worker is stopping)."""
         if self.idle:
             return
-        with self.lock:
-            if self.pending:
-                self.write_pending([])
-            self.publish(force=force)
+        if self.pending:
+            with self.lock:
+                if self.pending:
+                    self.write_pending([])
+        self.publish(force=force)
 
     def publish(self, *, force: bool = False) -> None:
         """Publish the buffered job events in order (PublishBatch, 10 a call), then queue the
@@ -213,36 +227,50 @@ class Journal:
         with every later event of its job, and its message stays held (the heartbeat keeps it
         hidden) until a later try, at most every :data:`PUBLISH_RETRY_SECONDS`, gets it out. A
         worker that dies meanwhile leaves the message to come back: its next delivery finds
-        the job terminal and publishes the event again."""
+        the job terminal and publishes the event again.
+
+        Runs without the write lock (SNS calls can take seconds each while SNS fails). Another
+        thread's publish in progress: returns at once (that one takes the events buffered so
+        far; later ones wait for the next call), unless ``force`` (the worker is stopping),
+        which waits for it."""
         if not self.events or (not force and time.monotonic() < self._retry_after):
             return
-        with self.lock:
-            events, self.events = self.events, []
-            if not events:
-                return
-            out: list[Entry]
-            kept: list[Entry]
-            try:
-                self.publisher.publish_many([record for record, _ in events])
-                out, kept = events, []
-            except Exception:
-                log.exception(
-                    "could not publish %d job events; retrying them one by one", len(events)
-                )
-                out, kept = self._publish_one_by_one(events)
-            if kept:
-                log.error(
-                    "%d job events not published; their messages are kept until they are out",
-                    len(kept),
-                )
-                self._retry_after = time.monotonic() + PUBLISH_RETRY_SECONDS
-                self.events[:0] = kept  # ahead of what came meanwhile: each job's order holds
-            else:
-                self._retry_after = 0.0
-            for record, held in out:
-                self._published(record)
-                if held is not None:
-                    self.held.delete_later(held)
+        if not self._publishing.acquire(blocking=force):
+            return
+        try:
+            self._publish_buffered()
+        finally:
+            self._publishing.release()
+
+    def _publish_buffered(self) -> None:
+        events, self.events = self.events, []  # no append is lost (see __init__)
+        if not events:
+            return
+        out: list[Entry]
+        kept: list[Entry]
+        try:
+            self.publisher.publish_many([record for record, _ in events])
+            out, kept = events, []
+        except Exception:
+            log.exception("could not publish %d job events; retrying them one by one", len(events))
+            out, kept = self._publish_one_by_one(events)
+        if kept:
+            log.error(
+                "%d job events not published; their messages are kept until they are out "
+                "(next try in %.0f s)",
+                len(kept),
+                self._retry_pause,
+            )
+            self._retry_after = time.monotonic() + self._retry_pause
+            self._retry_pause = min(2 * self._retry_pause, PUBLISH_RETRY_MAX_SECONDS)
+            self.events[:0] = kept  # ahead of what came meanwhile: each job's order holds
+        else:
+            self._retry_after = 0.0
+            self._retry_pause = PUBLISH_RETRY_SECONDS
+        for record, held in out:
+            self._published(record)
+            if held is not None:
+                self.held.delete_later(held)
 
     def _published(self, record: JobRecord) -> None:
         """After ``record``'s event is out: a ``job.started`` key is left for the job's terminal
@@ -255,18 +283,23 @@ class Journal:
 
     def _publish_one_by_one(self, events: list[Entry]) -> tuple[list[Entry], list[Entry]]:
         """Publish ``events`` one at a time: ``(published, kept)``. After a job's event fails,
-        its later events are kept too, untried (a job's events go out in order)."""
+        its later events are kept too, untried (a job's events go out in order); after
+        :data:`PUBLISH_FAILURES_IN_A_ROW` failures in a row, every later event is kept untried
+        (SNS is out: trying each one would take botocore's retries per event)."""
         out: list[Entry] = []
         kept: list[Entry] = []
         failed_jobs: set[str] = set()
+        in_a_row = 0
         for entry in events:
             record = entry[0]
-            if record["job_id"] not in failed_jobs:
+            if record["job_id"] not in failed_jobs and in_a_row < PUBLISH_FAILURES_IN_A_ROW:
                 try:
                     self.publisher.publish(record)
                 except Exception:
+                    in_a_row += 1
                     log.exception("could not publish %s %s", record["job_id"], record["status"])
                 else:
+                    in_a_row = 0
                     out.append(entry)
                     continue
             failed_jobs.add(record["job_id"])
