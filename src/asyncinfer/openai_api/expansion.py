@@ -11,6 +11,13 @@ fed by :mod:`asyncinfer.local.event_source`). Messages ``{"op", "batch_id"}``:
   ``next_line`` on the batch moves on only after a chunk (conditional on where it was).
   Jobs run at the batch's priority, ``metadata`` ``batch_id`` and ``custom_id``, with the
   window as their TTL (the same body on every run; the window's end cancels what is left).
+  Each of the chunk's threads writes its line's item and then submits the line's job (the item
+  must exist before the job can end: the counter reads it); the items used to be written one
+  after another for the whole chunk before any submit, which on the emulator (moto server,
+  about 6 ms of its CPU a request on a busy 2-core machine) held every submit back by the
+  chunk's 500 sequential writes. Per line this is 9 AWS requests (the line item, the job's
+  submit: key claim, record, message, confirmation, key done, ``job.queued`` and its outbox
+  removal, then the line's job id); ``bench/batch_expansion.py`` prints them.
 * ``end``: a batch being ended early (``ending`` set: ``cancelled`` by the client, ``expired`` by
   ``check``) stops expanding and its lines not finished are cancelled through
   :meth:`JobService.cancel` (running ones stop at their next step); the last one's event
@@ -167,17 +174,13 @@ class Expander:
         chunk = read_chunk(self.settings, record, k)
         todo = [(k * size + n, entry) for n, entry in enumerate(chunk) if k * size + n >= start]
         ttl_epoch = int(record.get("ttl") or 0) or int(time.time()) + 30 * 86400
-        self.store.put_lines(batch_id, [(e[1], idx, e[0]) for idx, e in todo], ttl=ttl_epoch)
         # The whole window, not what is left of it: the job's body (and so its idempotency key's
         # digest) must be the same when a chunk is run again; the window's end cancels the rest.
         ttl = max(10, min(259200, int(record["expires_at"]) - int(record["created_at"])))
         priority = str(record.get("priority", "low"))
         with ThreadPoolExecutor(max_workers=SUBMIT_THREADS) as pool:
             results = list(
-                pool.map(
-                    lambda e: self._submit_line(batch_id, tenant, priority, ttl, e),
-                    [entry for _idx, entry in todo],
-                )
+                pool.map(lambda e: self._line(record, priority, ttl, ttl_epoch, *e), todo)
             )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:  # the chunk is run again later, idempotently
@@ -189,13 +192,26 @@ class Expander:
             self._cancel_jobs(tenant, made)
         return current
 
+    def _line(
+        self, record: dict[str, Any], priority: str, ttl: int, ttl_epoch: int, idx: int, entry: Any
+    ) -> str | BaseException | None:
+        """Record a line's item, then submit its job (:meth:`_submit_line`), in one of the
+        chunk's threads: the item exists before its job can end (the counter needs it), and the
+        chunk's line writes go side by side instead of one after another before the submits."""
+        try:
+            self.store.put_lines(record["job_id"], [(entry[1], idx, entry[0])], ttl=ttl_epoch)
+        except Exception as exc:  # an AWS error: retried with the chunk
+            return exc
+        return self._submit_line(record, priority, ttl, entry)
+
     def _submit_line(
-        self, batch_id: str, tenant: str, priority: str, ttl: int, entry: list[Any]
+        self, record: dict[str, Any], priority: str, ttl: int, entry: list[Any]
     ) -> str | BaseException | None:
         """Submit one line's job and note it on the line; returns the job id, ``None`` where
         the service refused the line now (counted failed with the API's error), or the
         exception that must make the chunk run again."""
         _number, custom_id, model, data = entry
+        batch_id, tenant = record["job_id"], record["owner"]
         req = JobRequest(
             model=model,
             input=data,
@@ -211,14 +227,7 @@ class Expander:
             # Conflict: another run holds this line's key right now (a duplicate message).
             return exc
         except ApiError as exc:  # refused now (e.g. the model is no longer deployed)
-            self.store.count_line(
-                batch_id,
-                custom_id,
-                None,
-                "failed",
-                succeeded=False,
-                error={"code": exc.code, "message": exc.message},
-            )
+            self.store.count_refused(record, custom_id, {"code": exc.code, "message": exc.message})
             return None
         except Exception as exc:  # an AWS error: retried with the chunk
             return exc
@@ -238,10 +247,11 @@ class Expander:
         if record["status"] in bs.TERMINAL or record["status"] == bs.FINALIZING:
             return
         self.store.update(batch_id, {"expanded": True})
+        counted = self.store.counted(record)
         open_jobs = [
             str(ln["line_job"])
             for ln in self.store.lines(batch_id)
-            if ln.get("line_job") and not ln.get("done")
+            if ln.get("line_job") and not ln.get("done") and int(ln["idx"]) not in counted
         ]
         if not self._cancel_jobs(record["owner"], open_jobs):
             # Out of time (tens of thousands of lines): the rest in another invocation.
