@@ -5,6 +5,7 @@ a forged or foreign event counts nothing; moto in-process."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from asyncinfer.aws import clients
@@ -79,3 +80,46 @@ def test_another_tenants_event_counts_nothing(api: ApiCaller, settings: Settings
     assert finalize.count_events(settings, [(event_for(ended), TENANT)]) == 1
     record = BatchStore(settings).get(batch_id)
     assert record is not None and (record["completed"], record["failed"]) == (1, 0)
+
+
+def test_a_chunk_slower_than_the_reserve_leaves_its_late_lines_to_the_next_invocation(
+    api: ApiCaller, resources: Any, monkeypatch: Any
+) -> None:
+    from asyncinfer.openai_api import expansion
+    from tests.conftest import reset_caches
+
+    monkeypatch.setenv("ASYNCINFER_BATCH_CHUNK", "7")
+    reset_caches()
+    settings = Settings.from_env()
+    fid = upload(settings, TENANT, [chat_line(f"c{i}") for i in range(10)])
+    _, out, _ = api(
+        "POST", "/openai/v1/batches", {"input_file_id": fid, "endpoint": "/v1/chat/completions"}
+    )
+    store = BatchStore(settings)
+    expander = expansion.Expander(settings)
+    record = expander.validate(store.get(out["id"]) or {})
+    assert record is not None
+    # Each submit takes 4 s of a fake clock, one line at a time: the deadline is 1 s away, so the
+    # third line begins 8 s past it and the fourth 12 s past it (LATE_SECONDS is 10).
+    clock, real = [1000.0], time.monotonic
+    monkeypatch.setattr(expansion.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(expansion, "SUBMIT_THREADS", 1)
+    submit = expansion.Expander._submit_line
+
+    def slow(self: Any, *a: Any) -> Any:
+        clock[0] += 4
+        return submit(self, *a)
+
+    monkeypatch.setattr(expansion.Expander, "_submit_line", slow)
+    expander.expand(record, clock[0] + 1)
+    assert len(line_jobs(settings, TENANT)) == 3
+    assert (store.get(out["id"]) or {})["next_line"] == 0  # the chunk is not done
+    monkeypatch.setattr(expansion.Expander, "_submit_line", submit)
+    monkeypatch.setattr(expansion.time, "monotonic", real)
+    assert run_batch_queue(settings) >= 1  # the handed-on "expand" runs it again, and the rest
+    jobs = line_jobs(settings, TENANT)
+    assert sorted(json.loads(j["metadata"])["custom_id"] for j in jobs) == sorted(
+        f"c{i}" for i in range(10)
+    )
+    record = store.get(out["id"]) or {}
+    assert record["next_line"] == 10 and record["expanded"]

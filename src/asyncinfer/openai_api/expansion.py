@@ -8,7 +8,11 @@ fed by :mod:`asyncinfer.local.event_source`). Messages ``{"op", "batch_id"}``:
   and the rest is enqueued again (``expand``), so 50,000 lines never meet an API or Lambda
   timeout. Each line's job has the idempotency key ``<batch id>:<digest of custom_id>``, so a
   re-run of a chunk (a crash, a duplicate message) returns the jobs it made instead of new ones;
-  ``next_line`` on the batch moves on only after a chunk (conditional on where it was).
+  ``next_line`` on the batch moves on only after a chunk (conditional on where it was). A chunk's
+  lines that would begin more than :data:`LATE_SECONDS` past the invocation's deadline are left
+  to the next invocation (the chunk runs again from its start; its lines made already return
+  their jobs), so a slow chunk cannot run the invocation past the function's timeout (before,
+  the deadline was looked at only between chunks).
   Jobs run at the batch's priority, ``metadata`` ``batch_id`` and ``custom_id``, with the
   window as their TTL (the same body on every run; the window's end cancels what is left).
   Each of the chunk's threads writes its line's item and then submits the line's job (the item
@@ -58,6 +62,11 @@ log = logging.getLogger("asyncinfer.openai.expansion")
 SUBMIT_THREADS = 16
 #: Seconds of an invocation kept back from expanding (writes, the next message).
 RESERVE_SECONDS = 30.0
+#: Seconds after the deadline within which a chunk's lines may still begin; later ones wait for
+#: the next invocation (the chunk is run again from its start, idempotently), so that a chunk
+#: slower than the reserve (a busy emulator: 500 lines took 89 s) never runs the invocation past
+#: the function's timeout.
+LATE_SECONDS = 10.0
 #: Time budget of one invocation without a Lambda context, seconds.
 DEFAULT_BUDGET_SECONDS = 60.0
 #: A finalization older than this is taken to have died and is run again, seconds.
@@ -144,6 +153,7 @@ class Expander:
 
     def expand(self, record: dict[str, Any], deadline: float) -> None:
         """Validate (if needed) and expand chunks until ``deadline``; then enqueue the rest."""
+        self.deadline = deadline
         if record["status"] == bs.VALIDATING:
             validated = self.validate(record)
             if validated is None:
@@ -185,6 +195,8 @@ class Expander:
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:  # the chunk is run again later, idempotently
             raise errors[0]
+        if any(r is _LATE for r in results):  # out of time: the next invocation runs it again
+            return record
         made = [r for r in results if isinstance(r, str)]
         self.store.advance(batch_id, start, k * size + len(chunk))
         current = self.store.get(batch_id) or record
@@ -194,10 +206,13 @@ class Expander:
 
     def _line(
         self, record: dict[str, Any], priority: str, ttl: int, ttl_epoch: int, idx: int, entry: Any
-    ) -> str | BaseException | None:
+    ) -> str | BaseException | object | None:
         """Record a line's item, then submit its job (:meth:`_submit_line`), in one of the
         chunk's threads: the item exists before its job can end (the counter needs it), and the
-        chunk's line writes go side by side instead of one after another before the submits."""
+        chunk's line writes go side by side instead of one after another before the submits.
+        :data:`_LATE` (nothing written) once :data:`LATE_SECONDS` past the deadline."""
+        if time.monotonic() >= self.deadline + LATE_SECONDS:
+            return _LATE
         try:
             self.store.put_lines(record["job_id"], [(entry[1], idx, entry[0])], ttl=ttl_epoch)
         except Exception as exc:  # an AWS error: retried with the chunk
@@ -302,6 +317,10 @@ class Expander:
             else max(1, int(current["expires_at"]) - int(time.time()))
         )
         enqueue(self.sqs, self.settings, {"op": "check", "batch_id": batch_id}, delay=delay)
+
+
+#: What :meth:`Expander._line` returns for a line it left to the next invocation.
+_LATE = object()
 
 
 def _error(code: str, message: str) -> dict[str, Any]:
