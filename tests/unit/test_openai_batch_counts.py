@@ -113,7 +113,7 @@ def test_a_chunk_slower_than_the_reserve_leaves_its_late_lines_to_the_next_invoc
     monkeypatch.setattr(expansion.Expander, "_submit_line", slow)
     expander.expand(record, clock[0] + 1)
     assert len(line_jobs(settings, TENANT)) == 3
-    assert (store.get(out["id"]) or {})["next_line"] == 0  # the chunk is not done
+    assert (store.get(out["id"]) or {})["next_line"] == 3  # the next invocation goes on there
     monkeypatch.setattr(expansion.Expander, "_submit_line", submit)
     monkeypatch.setattr(expansion.time, "monotonic", real)
     assert run_batch_queue(settings) >= 1  # the handed-on "expand" runs it again, and the rest

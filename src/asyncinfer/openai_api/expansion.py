@@ -10,8 +10,8 @@ fed by :mod:`asyncinfer.local.event_source`). Messages ``{"op", "batch_id"}``:
   re-run of a chunk (a crash, a duplicate message) returns the jobs it made instead of new ones;
   ``next_line`` on the batch moves on only after a chunk (conditional on where it was). A chunk's
   lines that would begin more than :data:`LATE_SECONDS` past the invocation's deadline are left
-  to the next invocation (the chunk runs again from its start; its lines made already return
-  their jobs), so a slow chunk cannot run the invocation past the function's timeout (before,
+  to the next invocation (``next_line`` moves to the first of them; the next invocation goes on
+  from there), so a slow chunk cannot run the invocation past the function's timeout (before,
   the deadline was looked at only between chunks).
   Jobs run at the batch's priority, ``metadata`` ``batch_id`` and ``custom_id``, with the
   window as their TTL (the same body on every run; the window's end cancels what is left).
@@ -63,7 +63,7 @@ SUBMIT_THREADS = 16
 #: Seconds of an invocation kept back from expanding (writes, the next message).
 RESERVE_SECONDS = 30.0
 #: Seconds after the deadline within which a chunk's lines may still begin; later ones wait for
-#: the next invocation (the chunk is run again from its start, idempotently), so that a chunk
+#: the next invocation (which goes on from the first of them), so that a chunk
 #: slower than the reserve (a busy emulator: 500 lines took 89 s) never runs the invocation past
 #: the function's timeout.
 LATE_SECONDS = 10.0
@@ -195,10 +195,11 @@ class Expander:
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:  # the chunk is run again later, idempotently
             raise errors[0]
-        if any(r is _LATE for r in results):  # out of time: the next invocation runs it again
-            return record
+        late = [idx for (idx, _), r in zip(todo, results, strict=True) if r is _LATE]
         made = [r for r in results if isinstance(r, str)]
-        self.store.advance(batch_id, start, k * size + len(chunk))
+        # Out of time: the lines before the first late one have their jobs (the pool begins the
+        # lines in order, so the late ones are the last); the next invocation goes on from it.
+        self.store.advance(batch_id, start, min(late) if late else k * size + len(chunk))
         current = self.store.get(batch_id) or record
         if current.get("ending"):
             self._cancel_jobs(tenant, made)
