@@ -39,6 +39,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStackProces
         yield s
 
 
+@pytest.mark.timeout(TIMEOUT_SECONDS + 300)  # the stack's start and the output's checks too
 def test_a_2000_line_chat_batch_completes_with_every_line_once(stack: LocalStackProcess) -> None:
     data = b"".join(json.dumps(line(f"req-{i:04d}")).encode() + b"\n" for i in range(LINES))
     client = openai.OpenAI(base_url=f"{stack.api}/openai/v1", api_key=stack.key, timeout=120)
