@@ -1,6 +1,6 @@
 """Batch records and their lines in the job table (spec openai.md, "Batches").
 
-No new table or index: two kinds of item live beside the job records, keyed so that the job
+No new table or index: three kinds of item live beside the job records, keyed so that the job
 paths never see them (job ids match ``job_<ULID>``; the sweeper reads only its sparse GSIs, which
 these items never join):
 
@@ -10,17 +10,22 @@ these items never join):
   ``status`` (OpenAI's states), ``endpoint``, ``input_file_id``, ``completion_window``,
   ``created_at`` ... ``cancelled_at`` (N, epoch seconds, as OpenAI's object has them),
   ``metadata`` / ``webhook`` / ``errors`` (S, JSON), ``priority``, ``total``, ``completed``,
-  ``failed`` (N, the request counts: ADDed atomically), ``next_line`` (N: lines ``[0,
-  next_line)`` have their jobs), ``expanded`` (BOOL: expansion is over), ``ending`` (S:
-  ``expired`` or ``cancelled`` once the batch is being ended early), ``output_file_id``,
-  ``error_file_id``, ``ttl``;
+  ``failed`` (N, the request counts once the batch ended; see the counters below),
+  ``next_line`` (N: lines ``[0, next_line)`` have their jobs), ``expanded`` (BOOL: expansion
+  is over), ``ending`` (S: ``expired`` or ``cancelled`` once the batch is being ended early),
+  ``output_file_id``, ``error_file_id``, ``ttl``;
 * a line: ``job_id`` = ``bline#<batch id>#<digest of custom_id>`` (:func:`line_key`),
   ``tenant`` = ``blines#<batch id>`` (the GSI lists a batch's lines), ``batch_of``,
   ``custom_id``, ``line`` (N, 1-based line number of the input file), ``idx`` (N, 0-based among
-  the file's requests), ``ttl`` (the batch's), ``line_job`` (the job id, once submitted) and,
-  once the job is terminal and counted, ``done`` (S: its terminal status). ``done`` is set at most
-  once (a conditional write in the same transaction as the counter), so a retried or duplicated
-  job event never counts twice.
+  the file's requests), ``ttl`` (the batch's), ``line_job`` (the job id, once submitted) and, for
+  a line whose job could not be made, ``error_code`` / ``error_message``;
+* a chunk's counter (:mod:`.batch_counts`): ``job_id`` = ``bcount#<batch id>#<k>``, the
+  ``completed`` / ``failed`` counts of the chunk's lines and the set of their indexes counted,
+  so that a retried or duplicated job event never counts twice (one conditional write on one
+  item: no transaction). While a batch runs its ``request_counts`` are its counters' sums
+  (every record this store returns has them folded in); finalization writes the files' counts
+  on the record. (Earlier versions marked a line ``done`` in a transaction with an ADD on the
+  batch record; such a line is taken as counted.)
 
 Status changes are conditional on the current status (:meth:`BatchStore.transition`), as job
 transitions are.
@@ -40,6 +45,7 @@ from asyncinfer.aws import clients
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.core.settings_needs import TableConfig
 from asyncinfer.jobs.store import TENANT_INDEX, from_item, to_item
+from asyncinfer.openai_api.batch_counts import LineCounts
 
 VALIDATING, FAILED, IN_PROGRESS, FINALIZING = "validating", "failed", "in_progress", "finalizing"
 COMPLETED, EXPIRED, CANCELLING, CANCELLED = "completed", "expired", "cancelling", "cancelled"
@@ -78,6 +84,7 @@ class BatchStore:
         self.settings = settings
         self.table = settings.table_name
         self.ddb = clients.client("dynamodb", settings)
+        self.counts = LineCounts(self.ddb, self.table)
 
     # ------------------------------------------------------------------ batch records
     def create(self, record: dict[str, Any]) -> None:
@@ -95,7 +102,7 @@ class BatchStore:
         ).get("Item")
         if not item or not batch_id.startswith("batch_"):
             return None
-        return from_item(item)
+        return self._fold(from_item(item))
 
     def list(
         self, tenant: str, *, limit: int, after: str | None
@@ -115,7 +122,7 @@ class BatchStore:
             kwargs["ExpressionAttributeValues"][":a"] = {"S": after}
         items = self.ddb.query(**kwargs).get("Items", [])
         records = [from_item(i) for i in items]
-        return records[:limit], len(records) > limit
+        return [self._fold(r) for r in records[:limit]], len(records) > limit
 
     def transition(
         self,
@@ -198,7 +205,7 @@ class BatchStore:
             raise TransitionRefused(
                 f"batch {batch_id} is not in {froms}", current=self.get(batch_id)
             ) from None
-        return from_item(resp["Attributes"])
+        return self._fold(from_item(resp["Attributes"]))
 
     # ------------------------------------------------------------------ lines
     def put_lines(
@@ -251,65 +258,86 @@ class BatchStore:
                 return
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
-    def count_line(
-        self,
-        batch_id: str,
-        custom_id: str,
-        job_id: str | None,
-        status: str,
-        *,
-        succeeded: bool,
-        error: dict[str, str] | None = None,
-    ) -> bool:
-        """Count a line once: one TransactWriteItems call that sets the line's ``done`` (only
-        where the line exists in this batch, ``done`` does not, and its job is ``job_id`` or not
-        yet noted) and ADDs 1 to the batch's ``completed`` (``succeeded``) or ``failed`` (only
-        while the batch runs: a finalizing batch's counts are the files'). ``job_id`` None with
-        ``error`` ``{"code", "message"}``: a line whose job could not be made. Returns False where
-        nothing was counted (counted before, not a line of this batch, or the batch ended)."""
-        counter = "completed" if succeeded else "failed"
-        names = {"#c": counter, "#st": "status"}
-        line_update = "SET done = :d"
-        line_values: dict[str, Any] = {":d": {"S": status}, ":b": {"S": batch_id}}
-        cond = "batch_of = :b AND attribute_not_exists(done)"
-        if job_id is not None:
-            cond += " AND (attribute_not_exists(line_job) OR line_job = :j)"
-            line_values[":j"] = {"S": job_id}
-        if error is not None:
-            line_update += ", error_code = :ec, error_message = :em"
-            line_values[":ec"] = {"S": error["code"]}
-            line_values[":em"] = {"S": error["message"]}
+    # ------------------------------------------------------------------ counts
+    def _fold(self, record: dict[str, Any]) -> dict[str, Any]:
+        """``record`` with ``completed`` / ``failed`` as they stand now: while the batch has not
+        ended, its own fields plus its chunks' counter items (:mod:`.batch_counts`); once it
+        ended, its fields alone (finalization wrote the files' counts there)."""
+        if record.get("status") in TERMINAL or not record.get("chunk_lines"):
+            return record
+        completed, failed = self.counts.totals(record)
+        return {
+            **record,
+            "completed": int(record.get("completed", 0)) + completed,
+            "failed": int(record.get("failed", 0)) + failed,
+        }
+
+    def counted(self, record: dict[str, Any]) -> set[int]:
+        """The 0-based indexes of the batch's lines counted so far."""
+        return self.counts.counted(record)
+
+    def count_lines(
+        self, record: dict[str, Any], ended: builtins.list[tuple[str, str, str]]
+    ) -> int:
+        """Count the lines of ended jobs ``(custom_id, job id, terminal status)`` of the batch
+        ``record`` once each (``succeeded`` in ``completed``, any other status in ``failed``);
+        returns how many were counted now. A job counts only for a line of this batch whose
+        noted job is that job (or not noted yet): a job of the same tenant that claims the batch
+        in its metadata counts nothing; a line counted before counts nothing; a batch that
+        ended counts nothing (its counts are its files'). The line items are read in
+        BatchGetItem calls (100 keys, strongly consistent), then one counter write per chunk."""
+        if record.get("status") in TERMINAL or not ended:
+            return 0
+        batch_id = record["job_id"]
+        keys = list(dict.fromkeys(line_key(batch_id, cid) for cid, _, _ in ended))
+        lines: dict[str, dict[str, Any]] = {}
+        for i in range(0, len(keys), 100):
+            pending: dict[str, Any] = {
+                self.table: {
+                    "Keys": [{"job_id": {"S": k}} for k in keys[i : i + 100]],
+                    "ConsistentRead": True,
+                }
+            }
+            while pending:
+                resp = self.ddb.batch_get_item(RequestItems=pending)
+                for item in resp.get("Responses", {}).get(self.table, []):
+                    rec = from_item(item)
+                    lines[rec["job_id"]] = rec
+                pending = resp.get("UnprocessedKeys") or {}
+        todo: builtins.list[tuple[int, bool]] = []
+        for cid, job_id, status in ended:
+            ln = lines.get(line_key(batch_id, cid))
+            if ln is None or ln.get("batch_of") != batch_id or ln.get("custom_id") != cid:
+                continue
+            if ln.get("line_job") and ln["line_job"] != job_id:
+                continue
+            if ln.get("done"):  # counted by the transactional counter of earlier versions
+                continue
+            todo.append((int(ln["idx"]), status == "succeeded"))
+        return self.counts.add(record, todo)
+
+    def count_refused(self, record: dict[str, Any], custom_id: str, error: dict[str, str]) -> bool:
+        """Count a line whose job could not be made (``error`` ``{"code", "message"}``, kept on
+        the line for the error file) as ``failed``, once; returns whether it counted now."""
+        batch_id = record["job_id"]
         try:
-            self.ddb.transact_write_items(
-                TransactItems=[
-                    {
-                        "Update": {
-                            "TableName": self.table,
-                            "Key": {"job_id": {"S": line_key(batch_id, custom_id)}},
-                            "UpdateExpression": line_update,
-                            "ConditionExpression": cond,
-                            "ExpressionAttributeValues": line_values,
-                        }
-                    },
-                    {
-                        "Update": {
-                            "TableName": self.table,
-                            "Key": {"job_id": {"S": batch_id}},
-                            "UpdateExpression": "ADD #c :one",
-                            "ConditionExpression": "#st IN (:v, :r, :x)",
-                            "ExpressionAttributeNames": names,
-                            "ExpressionAttributeValues": {
-                                ":one": {"N": "1"},
-                                ":v": {"S": VALIDATING},
-                                ":r": {"S": IN_PROGRESS},
-                                ":x": {"S": CANCELLING},
-                            },
-                        }
-                    },
-                ]
+            resp = self.ddb.update_item(
+                TableName=self.table,
+                Key={"job_id": {"S": line_key(batch_id, custom_id)}},
+                UpdateExpression="SET error_code = :ec, error_message = :em",
+                ConditionExpression="batch_of = :b AND attribute_not_exists(line_job)",
+                ExpressionAttributeValues={
+                    ":ec": {"S": error["code"]},
+                    ":em": {"S": error["message"]},
+                    ":b": {"S": batch_id},
+                },
+                ReturnValues="ALL_NEW",
             )
         except ClientError as exc:
-            if exc.response["Error"]["Code"] != "TransactionCanceledException":
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
             return False
-        return True
+        if record.get("status") in TERMINAL:
+            return False
+        idx = int(from_item(resp["Attributes"])["idx"])
+        return self.counts.add(record, [(idx, False)]) == 1

@@ -8,9 +8,20 @@ fed by :mod:`asyncinfer.local.event_source`). Messages ``{"op", "batch_id"}``:
   and the rest is enqueued again (``expand``), so 50,000 lines never meet an API or Lambda
   timeout. Each line's job has the idempotency key ``<batch id>:<digest of custom_id>``, so a
   re-run of a chunk (a crash, a duplicate message) returns the jobs it made instead of new ones;
-  ``next_line`` on the batch moves on only after a chunk (conditional on where it was).
+  ``next_line`` on the batch moves on only after a chunk (conditional on where it was). A chunk's
+  lines that would begin more than :data:`LATE_SECONDS` past the invocation's deadline are left
+  to the next invocation (``next_line`` moves to the first of them; the next invocation goes on
+  from there), so a slow chunk cannot run the invocation past the function's timeout (before,
+  the deadline was looked at only between chunks).
   Jobs run at the batch's priority, ``metadata`` ``batch_id`` and ``custom_id``, with the
   window as their TTL (the same body on every run; the window's end cancels what is left).
+  Each of the chunk's threads writes its line's item and then submits the line's job (the item
+  must exist before the job can end: the counter reads it); the items used to be written one
+  after another for the whole chunk before any submit, which on the emulator (moto server,
+  about 6 ms of its CPU a request on a busy 2-core machine) held every submit back by the
+  chunk's 500 sequential writes. Per line this is 9 AWS requests (the line item, the job's
+  submit: key claim, record, message, confirmation, key done, ``job.queued`` and its outbox
+  removal, then the line's job id); ``bench/batch_expansion.py`` prints them.
 * ``end``: a batch being ended early (``ending`` set: ``cancelled`` by the client, ``expired`` by
   ``check``) stops expanding and its lines not finished are cancelled through
   :meth:`JobService.cancel` (running ones stop at their next step); the last one's event
@@ -52,6 +63,11 @@ log = logging.getLogger("asyncinfer.openai.expansion")
 SUBMIT_THREADS = 16
 #: Seconds of an invocation kept back from expanding (writes, the next message).
 RESERVE_SECONDS = 30.0
+#: Seconds after the deadline within which a chunk's lines may still begin; later ones wait for
+#: the next invocation (which goes on from the first of them), so that a chunk
+#: slower than the reserve (a busy emulator: 500 lines took 89 s) never runs the invocation past
+#: the function's timeout.
+LATE_SECONDS = 10.0
 #: Time budget of one invocation without a Lambda context, seconds.
 DEFAULT_BUDGET_SECONDS = 60.0
 #: A finalization older than this is taken to have died and is run again, seconds.
@@ -138,6 +154,7 @@ class Expander:
 
     def expand(self, record: dict[str, Any], deadline: float) -> None:
         """Validate (if needed) and expand chunks until ``deadline``; then enqueue the rest."""
+        self.deadline = deadline
         if record["status"] == bs.VALIDATING:
             validated = self.validate(record)
             if validated is None:
@@ -168,35 +185,50 @@ class Expander:
         chunk = read_chunk(self.settings, record, k)
         todo = [(k * size + n, entry) for n, entry in enumerate(chunk) if k * size + n >= start]
         ttl_epoch = int(record.get("ttl") or 0) or int(time.time()) + 30 * 86400
-        self.store.put_lines(batch_id, [(e[1], idx, e[0]) for idx, e in todo], ttl=ttl_epoch)
         # The whole window, not what is left of it: the job's body (and so its idempotency key's
         # digest) must be the same when a chunk is run again; the window's end cancels the rest.
         ttl = max(10, min(259200, int(record["expires_at"]) - int(record["created_at"])))
         priority = str(record.get("priority", "low"))
         with ThreadPoolExecutor(max_workers=SUBMIT_THREADS) as pool:
             results = list(
-                pool.map(
-                    lambda e: self._submit_line(batch_id, tenant, priority, ttl, e),
-                    [entry for _idx, entry in todo],
-                )
+                pool.map(lambda e: self._line(record, priority, ttl, ttl_epoch, *e), todo)
             )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:  # the chunk is run again later, idempotently
             raise errors[0]
+        late = [idx for (idx, _), r in zip(todo, results, strict=True) if r is _LATE]
         made = [r for r in results if isinstance(r, str)]
-        self.store.advance(batch_id, start, k * size + len(chunk))
+        # Out of time: the lines before the first late one have their jobs (the pool begins the
+        # lines in order, so the late ones are the last); the next invocation goes on from it.
+        self.store.advance(batch_id, start, min(late) if late else k * size + len(chunk))
         current = self.store.get(batch_id) or record
         if current.get("ending"):
             self._cancel_jobs(tenant, made)
         return current
 
+    def _line(
+        self, record: dict[str, Any], priority: str, ttl: int, ttl_epoch: int, idx: int, entry: Any
+    ) -> str | BaseException | object | None:
+        """Record a line's item, then submit its job (:meth:`_submit_line`), in one of the
+        chunk's threads: the item exists before its job can end (the counter needs it), and the
+        chunk's line writes go side by side instead of one after another before the submits.
+        :data:`_LATE` (nothing written) once :data:`LATE_SECONDS` past the deadline."""
+        if time.monotonic() >= self.deadline + LATE_SECONDS:
+            return _LATE
+        try:
+            self.store.put_lines(record["job_id"], [(entry[1], idx, entry[0])], ttl=ttl_epoch)
+        except Exception as exc:  # an AWS error: retried with the chunk
+            return exc
+        return self._submit_line(record, priority, ttl, entry)
+
     def _submit_line(
-        self, batch_id: str, tenant: str, priority: str, ttl: int, entry: list[Any]
+        self, record: dict[str, Any], priority: str, ttl: int, entry: list[Any]
     ) -> str | BaseException | None:
         """Submit one line's job and note it on the line; returns the job id, ``None`` where
         the service refused the line now (counted failed with the API's error), or the
         exception that must make the chunk run again."""
         _number, custom_id, model, data = entry
+        batch_id, tenant = record["job_id"], record["owner"]
         req = JobRequest(
             model=model,
             input=data,
@@ -212,14 +244,7 @@ class Expander:
             # Conflict: another run holds this line's key right now (a duplicate message).
             return exc
         except ApiError as exc:  # refused now (e.g. the model is no longer deployed)
-            self.store.count_line(
-                batch_id,
-                custom_id,
-                None,
-                "failed",
-                succeeded=False,
-                error={"code": exc.code, "message": exc.message},
-            )
+            self.store.count_refused(record, custom_id, {"code": exc.code, "message": exc.message})
             return None
         except Exception as exc:  # an AWS error: retried with the chunk
             return exc
@@ -239,10 +264,11 @@ class Expander:
         if record["status"] in bs.TERMINAL or record["status"] == bs.FINALIZING:
             return
         self.store.update(batch_id, {"expanded": True})
+        counted = self.store.counted(record)
         open_jobs = [
             str(ln["line_job"])
             for ln in self.store.lines(batch_id)
-            if ln.get("line_job") and not ln.get("done")
+            if ln.get("line_job") and not ln.get("done") and int(ln["idx"]) not in counted
         ]
         if not self._cancel_jobs(record["owner"], open_jobs):
             # Out of time (tens of thousands of lines): the rest in another invocation.
@@ -293,6 +319,10 @@ class Expander:
             else max(1, int(current["expires_at"]) - int(time.time()))
         )
         enqueue(self.sqs, self.settings, {"op": "check", "batch_id": batch_id}, delay=delay)
+
+
+#: What :meth:`Expander._line` returns for a line it left to the next invocation.
+_LATE = object()
 
 
 def _error(code: str, message: str) -> dict[str, Any]:

@@ -1,13 +1,18 @@
 """Counting batch lines as their jobs end, and finalizing batches (spec openai.md, "Batches").
 
-* :func:`count_event`: a terminal job event (from the batch-events queue, an SQS queue
-  subscribed to the topic, as the webhook dispatcher's is) of a line job (``metadata.batch_id``,
-  ``metadata.custom_id``) counts the line once (:meth:`BatchStore.count_line`): ``succeeded`` in
-  ``completed``, every other terminal status in ``failed``. A retried or duplicated event, or a
-  job that is not a line of that batch, counts nothing.
+* :func:`count_events`: the terminal job events (from the batch-events queue, an SQS queue
+  subscribed to the topic, as the webhook dispatcher's is) of line jobs (``metadata.batch_id``,
+  ``metadata.custom_id``) count their lines once (:meth:`BatchStore.count_lines`, exact without
+  transactions: :mod:`.batch_counts`): ``succeeded`` in ``completed``, every other terminal
+  status in ``failed``. A retried or duplicated event, or a job that is not a line of that
+  batch, counts nothing. The counter Lambda counts the events of one invocation (up to its
+  trigger's batch size) together: one read of each batch, one BatchGetItem of their lines, one
+  counter write per chunk and one readiness check, instead of a read, a two-item transaction
+  and a readiness check per event as before (that path's transactions cost the local stack's
+  emulator a copy of the whole job table each: :mod:`.batch_counts`).
 * :func:`maybe_finalize`: once expansion is over and every line that has a job is counted, the
-  batch moves to ``finalizing`` (a conditional write: one caller wins; the counters stop there,
-  the files' counts are final), its output and error files are written in OpenAI's layout
+  batch moves to ``finalizing`` (a conditional write: one caller wins; the files' counts are
+  final), its output and error files are written in OpenAI's layout
   (:mod:`.layout`) through :class:`FileStore` (purpose ``batch_output``), and it ends
   ``completed``, or the ``expired`` / ``cancelled`` its ``ending`` says, with
   ``output_file_id`` / ``error_file_id``; then its event is published (:mod:`.batch_events`).
@@ -50,22 +55,47 @@ class LinesNotVisible(Exception):
 def count_event(settings: OpenAISettings, event: dict[str, Any], tenant: str | None = None) -> bool:
     """Count the line of a terminal job ``event`` (api.md's body); returns whether it counted.
     ``tenant``: the event's ``tenant`` attribute, checked against the batch's owner."""
+    return count_events(settings, [(event, tenant)]) == 1
+
+
+def _line_of(event: dict[str, Any]) -> tuple[str, str, str, str] | None:
+    """``(batch id, custom_id, job id, status)`` of a terminal job event of a batch line."""
     data = event.get("data") or {}
     status = data.get("status")
     meta = data.get("metadata") or {}
     batch_id, custom_id, job_id = meta.get("batch_id"), meta.get("custom_id"), data.get("id")
     if not (isinstance(status, str) and is_terminal(status) and batch_id and custom_id and job_id):
-        return False
+        return None
+    return str(batch_id), str(custom_id), str(job_id), status
+
+
+def count_events(settings: OpenAISettings, events: list[tuple[dict[str, Any], str | None]]) -> int:
+    """Count the lines of terminal job events ``(event, tenant attribute)`` (one read of each
+    batch, one counter write per chunk: :meth:`BatchStore.count_lines`), then finalize each
+    batch that counted a line if it is ready. Returns how many lines counted now.
+
+    Raises:
+        LinesNotVisible, and what DynamoDB raises: nothing of a batch whose write failed was
+        counted (the caller retries every event, and lines counted meanwhile count nothing).
+    """
+    by_batch: dict[str, list[tuple[str, str, str, str | None]]] = {}
+    for event, tenant in events:
+        line = _line_of(event)
+        if line is not None:
+            batch_id, custom_id, job_id, status = line
+            by_batch.setdefault(batch_id, []).append((custom_id, job_id, status, tenant))
     store = BatchStore(settings)
-    if tenant is not None:
-        rec = store.get(str(batch_id))
-        if rec is None or rec.get("owner") != tenant:
-            return False
-    counted = store.count_line(
-        str(batch_id), str(custom_id), str(job_id), status, succeeded=status == "succeeded"
-    )
-    if counted:
-        maybe_finalize(settings, str(batch_id))
+    counted = 0
+    for batch_id, lines in by_batch.items():
+        rec = store.get(batch_id)
+        if rec is None:
+            continue
+        owner = rec.get("owner")
+        ended = [(c, j, s) for c, j, s, t in lines if t is None or t == owner]
+        n = store.count_lines(rec, ended)
+        counted += n
+        if n:
+            maybe_finalize(settings, batch_id)
     return counted
 
 
@@ -166,7 +196,8 @@ def _all_lines(store: BatchStore, record: dict[str, Any]) -> list[dict[str, Any]
         with_jobs = [
             ln
             for ln in store.lines(record["job_id"])
-            if int(ln.get("idx", want)) < want and (ln.get("line_job") or ln.get("done"))
+            if int(ln.get("idx", want)) < want
+            and (ln.get("line_job") or ln.get("error_code") or ln.get("done"))
         ]
         if len(with_jobs) >= want or time.monotonic() >= deadline:
             break
@@ -210,12 +241,15 @@ def _created(job: JobRecord) -> int:
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """The batch counter Lambda, fed by the batch-events queue (an SQS queue subscribed to the
-    topic with raw delivery; ``ReportBatchItemFailures``): each terminal job event of a batch
-    line counts it; a record that raises (e.g. :class:`LinesNotVisible`) comes back."""
+    topic with raw delivery; ``ReportBatchItemFailures``): the terminal job events of batch
+    lines in the invocation's records are counted together (:func:`count_events`); when that
+    raises (e.g. :class:`LinesNotVisible`, an AWS error), every record of the batch of lines it
+    was counting comes back (those counted already count nothing the next time)."""
     from asyncinfer.core.settings import get_settings
 
     settings = get_settings().openai
-    failures = []
+    failures: list[dict[str, str]] = []
+    parsed: dict[str, list[tuple[str, tuple[dict[str, Any], str | None]]]] = {}
     for rec in event.get("Records", []):
         try:
             body = json.loads(rec["body"])
@@ -223,8 +257,18 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
                 body = json.loads(body["Message"])
             tenant = (rec.get("messageAttributes") or {}).get("tenant", {}).get("stringValue")
             if isinstance(body, dict) and str(body.get("type", "")).startswith("job."):
-                count_event(settings, body, tenant)
+                line = _line_of(body)
+                key = line[0] if line else ""
+                parsed.setdefault(key, []).append((rec["messageId"], (body, tenant)))
         except Exception:
             log.exception("batch event not counted: %.200s", rec.get("body"))
             failures.append({"itemIdentifier": rec["messageId"]})
+    for key, items in parsed.items():
+        if not key:
+            continue
+        try:
+            count_events(settings, [e for _, e in items])
+        except Exception:
+            log.exception("batch events of %s not counted (%d records)", key, len(items))
+            failures.extend({"itemIdentifier": mid} for mid, _ in items)
     return {"batchItemFailures": failures}
