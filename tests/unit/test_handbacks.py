@@ -306,3 +306,26 @@ def test_a_resent_message_and_the_original_run_the_job_once(
     rec = store.get(job_id)
     assert rec is not None and rec["status"] == "running" and rec["attempts"] == 2
     assert in_queue(s3_input) == 1  # the duplicate was deleted
+
+
+def test_a_hand_back_behind_a_backlog_is_neither_resent_nor_failed(
+    lset: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: past its deadline, a handed-back job whose queue still has visible
+    messages may be waiting behind them: no duplicate (it would inflate the backlog metric) and
+    no failure until the queue is drained."""
+    s3_input = lset.model_copy(update={"inline_input_limit_bytes": 0})
+    store = JobStore(s3_input)
+    job_id = _lost_hand_back(s3_input, monkeypatch)
+    submit(s3_input)  # another job's message waits in the same queue
+    later(monkeypatch, LEASE + 2 + 3600)
+    assert sweeper.resend_lost(s3_input) == {"resent": [], "failed": []}
+    rec = store.get(job_id)
+    assert rec is not None and rec["status"] == "queued"
+    assert rec[LEASE_FIELD] > int(time.time())  # a new deadline
+    other = receive(s3_input)  # the backlog drains
+    sqs(s3_input).delete_message(
+        QueueUrl=s3_input.queue_url("echo"), ReceiptHandle=other["ReceiptHandle"]
+    )
+    later(monkeypatch, LEASE + 2 + 7200)
+    assert sweeper.resend_lost(s3_input) == {"resent": [job_id], "failed": []}

@@ -182,6 +182,11 @@ def resend_lost(settings: SweeperSettings, *, limit: int = 500) -> dict[str, lis
       (new deadline), and ``failed`` (``max_attempts``) once the TTL passed: its message cannot
       be rebuilt.
 
+    A job with attempts left whose queue has visible messages (``ApproximateNumberOfMessages``
+    > 0, read once per queue and sweep) is only given a new deadline: its message may be
+    waiting behind that backlog, and neither a duplicate (which would inflate the backlog metric
+    workers scale on) nor a failure is called for while the queue is not drained.
+
     Every write is conditional on the job still queued at that attempt (a start meanwhile wins).
     Returns ``{"resent": [ids], "failed": [ids]}``. One job's AWS fault is logged and skipped."""
     store = JobStore(settings)
@@ -191,6 +196,7 @@ def resend_lost(settings: SweeperSettings, *, limit: int = 500) -> dict[str, lis
     seen: set[str] = set()
     now_epoch = int(time.time())
     start: dict[str, Any] | None = None
+    backlog = _Backlog(sqs)
     for _ in range(max(1, limit)):
         page, start = store.running_past_lease_page(
             now_epoch, limit=min(LEASE_PAGE, limit), start=start, mark=REQUEUED_MARK
@@ -198,7 +204,7 @@ def resend_lost(settings: SweeperSettings, *, limit: int = 500) -> dict[str, lis
         for job_id in [j for j in page if j not in seen]:
             seen.add(job_id)
             try:
-                what = _resend_one(store, events, sqs, settings, job_id, now_epoch)
+                what = _resend_one(store, events, sqs, settings, job_id, now_epoch, backlog)
             except Exception:  # one job's AWS fault must not stop the sweep; next round retries
                 log.exception("could not resend the message of job %s", job_id)
                 continue
@@ -222,6 +228,7 @@ def _resend_one(
     settings: SweeperSettings,
     job_id: str,
     now_epoch: int,
+    backlog: _Backlog,
 ) -> str | None:
     record = store.get(job_id)
     if (
@@ -235,6 +242,14 @@ def _resend_one(
     reason = None
     if attempts >= settings.max_receive_count:
         reason = "no attempt is left"
+    elif backlog.visible(settings.queue_url(record["model"], record.get("priority") or "normal")):
+        store.update_fields(
+            job_id,
+            status=lifecycle.QUEUED,
+            attempts=attempts,
+            set_fields={LEASE_FIELD: store.requeue_deadline()},
+        )
+        return None  # its message may be waiting behind the backlog
     elif not record.get("input_ref") and parse(record["expires_at"]) <= now():
         reason = "its message was lost with its inline input"
     if reason is not None:
@@ -257,6 +272,28 @@ def _resend_one(
         set_fields={LEASE_FIELD: store.requeue_deadline()},
     )
     return "resent" if record.get("input_ref") and moved else None
+
+
+class _Backlog:
+    """Visible messages per queue URL (``ApproximateNumberOfMessages``), read once per sweep."""
+
+    def __init__(self, sqs: Any) -> None:
+        self.sqs = sqs
+        self.seen: dict[str, int] = {}
+
+    def visible(self, url: str) -> int:
+        """The queue's visible messages (a failed read counts as a backlog: no duplicate and no
+        failure on a guess)."""
+        if url not in self.seen:
+            try:
+                attrs = self.sqs.get_queue_attributes(
+                    QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"]
+                )["Attributes"]
+                self.seen[url] = int(attrs.get("ApproximateNumberOfMessages", 0))
+            except Exception:
+                log.exception("could not read the backlog of %s", url)
+                self.seen[url] = 1
+        return self.seen[url]
 
 
 def _message_acknowledged(record: JobRecord) -> bool:
