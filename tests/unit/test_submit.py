@@ -13,7 +13,7 @@ from botocore.exceptions import ClientError, ReadTimeoutError
 from asyncinfer.aws import clients
 from asyncinfer.aws.payloads import MAX_JSON_DEPTH
 from asyncinfer.functions.api.app import service
-from asyncinfer.jobs import idempotency
+from asyncinfer.jobs import idempotency, transitions
 from asyncinfer.jobs.messages import MAX_MESSAGE_BYTES, JobMessage
 from asyncinfer.jobs.service import JobService
 from asyncinfer.jobs.store import JobStore
@@ -176,6 +176,27 @@ def test_message_sent_before_a_failure_is_dropped_by_the_worker_rule(
     assert status == 500
     (body,) = messages(resources)
     assert JobStore(svc.settings).get(json.loads(body)["job_id"]) is None
+
+
+def test_a_confirm_that_fails_after_a_worker_started_the_job_is_a_202_with_its_input_kept(
+    api: ApiCaller, resources: Resources, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding: the message went out and a worker started the job before the confirm
+    failed: the job is accepted (a 500 would have the client submit it twice) and its stored
+    input is not deleted under the running worker."""
+    svc = service()
+
+    def confirm(job_id: str, *_: Any) -> None:
+        svc.store.apply(transitions.start(job_id, attempts=0, started_at="2026-12-01T00:00:00Z"))
+        raise SQS_DOWN
+
+    monkeypatch.setattr(svc.store, "confirm_submitted", confirm)
+    big = {"model": "echo", "input": {"blob": "y" * 70_000}}  # goes through S3
+    status, job, _ = api("POST", "/v1/jobs", big)
+    assert status == 202
+    record = JobStore(svc.settings).get(job["id"])
+    assert record is not None and record["status"] == "running"
+    assert len(s3_keys(resources)) == 1  # the input the worker reads
 
 
 def test_submit_that_died_part_way_leaves_a_record_the_sweeper_ends_soon(

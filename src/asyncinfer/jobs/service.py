@@ -233,20 +233,34 @@ class JobService:
             self.sqs.send_message(QueueUrl=queue_url, MessageBody=text, MessageGroupId=group)
             self.store.confirm_submitted(job_id, expires_epoch)
         except Exception as exc:
-            self._take_back(job_id, created, stored_input)
+            if self._take_back(job_id, created, stored_input) is False:
+                # The message went out and a worker started (or the client cancelled) the job
+                # before the confirm failed: it is accepted; a 500 would have it submitted twice.
+                log.warning("job %s: its submit failed after the job moved on; accepted", job_id)
+                return
             raise InternalError("could not enqueue the job; nothing was kept, retry") from exc
 
-    def _take_back(self, job_id: str, created: bool, stored_input: str | None) -> None:
+    def _take_back(self, job_id: str, created: bool, stored_input: str | None) -> bool:
         """Undo a submit that failed part way; never raises (what stays behind is bounded: the
-        record's short ``expires_epoch``, the bucket's lifecycle rule on ``inputs/``)."""
-        try:
-            if created:
-                self.store.discard_unsubmitted(job_id)
-            if stored_input is not None:
+        record's short ``expires_epoch``, the bucket's lifecycle rule on ``inputs/``). Returns
+        ``False`` when the record could not be taken back because the job is no longer queued
+        for its first attempt (its message was sent and a worker started it, or it was
+        cancelled): the job is then accepted and its input kept. When deleting the record
+        itself fails, the input is kept too (a worker may yet read it) and ``True`` returned."""
+        if created:
+            try:
+                if not self.store.discard_unsubmitted(job_id):
+                    return False
+            except Exception:
+                log.exception("could not take back the record of the failed submit %s", job_id)
+                return True
+        if stored_input is not None:
+            try:
                 bucket, key = split_uri(stored_input)
                 self.payloads.s3.delete_object(Bucket=bucket, Key=key)
-        except Exception:
-            log.exception("could not take back the failed submit of %s", job_id)
+            except Exception:
+                log.exception("could not delete the input of the failed submit %s", job_id)
+        return True
 
     # ------------------------------------------------------------------ read
     def _record(self, tenant: str, job_id: str) -> JobRecord:
