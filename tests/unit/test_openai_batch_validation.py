@@ -14,6 +14,7 @@ from asyncinfer.openai_api.validation import (
     EMBEDDINGS,
     MAX_ERRORS_BYTES,
     MAX_LINES,
+    LineError,
     job_input,
     validate_file,
 )
@@ -180,3 +181,27 @@ def test_errors_are_bounded_in_bytes_and_count_the_rest() -> None:
     (err,) = validate_file(jsonl(huge), CHAT, DEPLOYED)[1]
     assert err["param"].startswith("fff") and len(err["param"]) <= 100
     assert len(err["message"]) <= 300
+
+
+def test_a_null_field_is_as_if_absent_never_hiding_the_other_spelling() -> None:
+    """``max_completion_tokens: null`` beside ``max_tokens`` must not drop ``max_tokens`` (it was
+    silently ignored: the line ran with the model's default length); ``n: null`` is OpenAI's
+    default (1), not a refusal."""
+    msgs = [{"role": "user", "content": "x"}]
+    both = {"model": "m", "messages": msgs, "max_completion_tokens": None, "max_tokens": 5}
+    assert job_input(CHAT, "causal-lm", both)["max_new_tokens"] == 5
+    other = {"model": "m", "messages": msgs, "max_tokens": None, "max_completion_tokens": 7}
+    assert job_input(CHAT, "causal-lm", other)["max_new_tokens"] == 7
+    assert job_input(CHAT, "causal-lm", {"model": "m", "messages": msgs, "n": None})
+    for n in (2, True, "1"):
+        with pytest.raises(LineError) as info:
+            job_input(CHAT, "causal-lm", {"model": "m", "messages": msgs, "n": n})
+        assert info.value.param == "body.n"
+
+
+@pytest.mark.parametrize("part", [{"type": "text"}, {"type": "text", "text": 5}])
+def test_a_text_part_without_a_string_text_is_refused(part: dict[str, Any]) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": [part]}]}
+    with pytest.raises(LineError) as info:
+        job_input(CHAT, "causal-lm", body)
+    assert info.value.param == "body.messages.0.content"

@@ -395,3 +395,44 @@ def test_errors_of_long_bad_lines_fit_the_batch_record(api: ApiCaller, settings:
         assert batch.errors is not None and batch.errors.data
         assert batch.errors.data[0].line == 2
         assert batch.errors.data[0].param in ("custom_id", "k" * (MAX_PARAM_CHARS - 3) + "...")
+
+
+def test_ids_past_dynamodb_key_sizes_are_404_and_422_never_500(
+    api: ApiCaller, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DynamoDB refuses a partition key over 2048 bytes and a sort key condition over 1024
+    (ValidationException; moto does not check): an id of any length from the URL must not reach
+    it. A batch id that is no batch id is 404; an ``after`` that is none is 422 naming it."""
+    from botocore.exceptions import ClientError
+
+    def too_big(op: str) -> ClientError:
+        err = {"Code": "ValidationException", "Message": "key size exceeded"}
+        return ClientError({"Error": err}, op)
+
+    real_get, real_list = BatchStore.get, BatchStore.list
+
+    def get(self: BatchStore, batch_id: str) -> Any:
+        if len(batch_id.encode()) > 2048:
+            raise too_big("GetItem")
+        return real_get(self, batch_id)
+
+    def listing(self: BatchStore, tenant: str, *, limit: int, after: str | None) -> Any:
+        if after is not None and len(after.encode()) > 1024:
+            raise too_big("Query")
+        return real_list(self, tenant, limit=limit, after=after)
+
+    monkeypatch.setattr(BatchStore, "get", get)
+    monkeypatch.setattr(BatchStore, "list", listing)
+    long_id = "batch_" + "Z" * 3000
+    status, err, _ = api("GET", f"/openai/v1/batches/{long_id}")
+    assert status == 404, err
+    status, err, _ = api("POST", f"/openai/v1/batches/{long_id}/cancel")
+    assert status == 404, err
+    for after in ("batch_" + "Z" * 2000, "nope"):
+        status, err, _ = api("GET", f"/openai/v1/batches?after={after}")
+        assert status == 422, err
+        assert err["error"]["param"] == "after"
+    fid = upload(settings, TENANT, [chat_line("a")])
+    _, out = create(api, fid)
+    status, page, _ = api("GET", f"/openai/v1/batches?after={out['id']}")
+    assert status == 200 and page["data"] == []

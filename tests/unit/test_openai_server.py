@@ -369,6 +369,16 @@ def test_server_side_request_mapping() -> None:
     assert bad.value.param == "n"
 
 
+def test_server_side_a_null_field_is_as_if_absent() -> None:
+    """What OpenAI clients send for a field they leave unset: ``null``. ``max_completion_tokens:
+    null`` must not hide ``max_tokens`` (the request ran to the default length), ``n: null`` is
+    1."""
+    msgs = [{"role": "user", "content": "hi"}]
+    inp = input_of({"messages": msgs, "max_completion_tokens": None, "max_tokens": 5}, chat=True)
+    assert inp.max_new_tokens == 5
+    assert input_of({"prompt": "a", "n": None}, chat=False).prompt == "a"
+
+
 def test_the_catalogue_checks_the_engine_block() -> None:
     from asyncinfer.core.errors import CatalogueError
 

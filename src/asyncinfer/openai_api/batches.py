@@ -40,6 +40,9 @@ log = logging.getLogger("asyncinfer.openai.batches")
 #: ``completion_window``: ``24h`` (OpenAI's), or (an extension) ``<N>m`` / ``<N>h``.
 WINDOW_RE = re.compile(r"^([1-9][0-9]{0,4})([mh])$")
 MIN_WINDOW_SECONDS, MAX_WINDOW_SECONDS = 60, 72 * 3600
+#: ``batch_`` + a ULID (:func:`new_batch_id`). Ids from a URL are checked against it before any
+#: read: DynamoDB refuses a key over 2048 bytes (a sort key condition over 1024) with an error.
+BATCH_ID_RE = re.compile(r"^batch_[0-9A-HJKMNP-TV-Z]{26}$")
 #: OpenAI's metadata rule: 16 keys of at most 64 characters, values of at most 512.
 METADATA_KEYS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 
@@ -115,6 +118,11 @@ def parse_request(body: Any) -> BatchRequest:
 def new_batch_id() -> str:
     """``batch_`` + a ULID (sorts by creation time)."""
     return "batch_" + new_job_id().removeprefix("job_")
+
+
+def is_batch_id(value: str) -> bool:
+    """Whether ``value`` has the shape of a batch id (:data:`BATCH_ID_RE`)."""
+    return bool(BATCH_ID_RE.match(value))
 
 
 def render_batch(record: dict[str, Any]) -> dict[str, Any]:
@@ -249,7 +257,7 @@ class BatchService:
 
     def record(self, tenant: str, batch_id: str) -> dict[str, Any]:
         """The tenant's batch record. Raises :class:`NotFound` (another tenant's too)."""
-        record = self.store.get(batch_id) if batch_id.startswith("batch_") else None
+        record = self.store.get(batch_id) if is_batch_id(batch_id) else None
         if record is None or record.get("owner") != tenant:
             raise NotFound(f"No batch found with id '{batch_id}'.")
         return record
@@ -260,7 +268,16 @@ class BatchService:
 
     def list(self, tenant: str, *, limit: int, after: str | None) -> dict[str, Any]:
         """OpenAI's list page ``{"object": "list", "data", "first_id", "last_id", "has_more"}``
-        of the tenant's batches, newest first, after the batch id ``after``."""
+        of the tenant's batches, newest first, after the batch id ``after``.
+
+        Raises:
+            InvalidRequest: ``after`` is not a batch id (``param: after``).
+        """
+        if after is not None and not is_batch_id(after):
+            raise InvalidRequest(
+                "after must be a batch id (the last_id of a page)",
+                [{"field": "after", "message": "a batch id"}],
+            )
         records, more = self.store.list(tenant, limit=limit, after=after)
         data = [render_batch(r) for r in records]
         return {

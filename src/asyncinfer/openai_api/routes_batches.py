@@ -17,9 +17,8 @@ from typing import Any
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.api_gateway import Router
-from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
 
-from asyncinfer.core.errors import ApiError, InvalidJson, InvalidRequest
+from asyncinfer.core.errors import ApiError, InvalidJson, InvalidRequest, Unauthorized
 from asyncinfer.core.settings import get_settings
 from asyncinfer.openai_api.batches import BatchService, parse_request
 from asyncinfer.openai_api.errors import from_api_error
@@ -37,11 +36,15 @@ def service() -> BatchService:
 
 
 def _tenant() -> str:
-    event = router.current_event
-    assert isinstance(event, APIGatewayProxyEvent)
-    key_id = (event.request_context.identity.api_key_id or "").strip()
+    """The caller's tenant: ``requestContext.identity.apiKeyId``, or the ``apiKeyId`` the Lambda
+    authorizer put in ``requestContext.authorizer`` (API key source ``AUTHORIZER``), as on
+    ``/v1`` and the Files routes; neither is :class:`Unauthorized` (401)."""
+    ctx = router.current_event.raw_event.get("requestContext") or {}
+    key_id = str((ctx.get("identity") or {}).get("apiKeyId") or "").strip()
     if not key_id:
-        raise ApiError("no API key identity in the request")
+        key_id = str((ctx.get("authorizer") or {}).get("apiKeyId") or "").strip()
+    if not key_id:
+        raise Unauthorized("no API key identity in the request")
     return key_id
 
 

@@ -85,7 +85,11 @@ def _messages(value: Any) -> list[dict[str, Any]]:
                     raise LineError(
                         "only text content parts are supported", f"body.messages.{i}.content"
                     )
-                parts.append(str(part.get("text", "")))
+                if not isinstance(part.get("text"), str):
+                    raise LineError(
+                        "a text content part needs a string text", f"body.messages.{i}.content"
+                    )
+                parts.append(part["text"])
             content = "".join(parts)
         role = "system" if m.get("role") == "developer" else m.get("role")
         extra = set(m) - {"role", "content", "name"}
@@ -99,7 +103,8 @@ def _generation(body: dict[str, Any], endpoint: str) -> dict[str, Any]:
     allowed = {"model", "max_tokens", "stop", "n", "user", "stream", *_SAMPLING}
     allowed |= {"messages", "max_completion_tokens"} if endpoint == CHAT else {"prompt"}
     _refuse_unknown(body, allowed)
-    if body.get("n", 1) != 1:
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):  # null is OpenAI's default, 1
         raise LineError("only n = 1 is supported", "body.n")
     if body.get("stream"):
         raise LineError("stream is not supported in a batch", "body.stream")
@@ -112,7 +117,10 @@ def _generation(body: dict[str, Any], endpoint: str) -> dict[str, Any]:
         if not isinstance(body.get("prompt"), str):
             raise LineError("prompt must be a string", "body.prompt")
         out["prompt"] = body["prompt"]
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    # Either spelling; a null one is absent (it must not hide the other, which was then ignored).
+    limit = body.get("max_completion_tokens")
+    if limit is None:
+        limit = body.get("max_tokens")
     if limit is not None:
         out["max_new_tokens"] = limit
     for k in _SAMPLING:

@@ -85,7 +85,8 @@ def input_of(body: Any, *, chat: bool) -> GenerationInput:
     """
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
-    if body.get("n", 1) != 1:
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):  # null is OpenAI's default, 1
         raise BadRequest("only n=1 is supported", "n")
     data: dict[str, Any] = {}
     key = "messages" if chat else "prompt"
@@ -95,7 +96,10 @@ def input_of(body: Any, *, chat: bool) -> GenerationInput:
     if not chat and isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
         value = value[0]  # a one-prompt batch
     data[key] = value
-    tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    # Either spelling; a null one is absent (it must not hide the other).
+    tokens = body.get("max_completion_tokens")
+    if tokens is None:
+        tokens = body.get("max_tokens")
     if tokens is not None:
         data["max_new_tokens"] = tokens
     for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed")):
