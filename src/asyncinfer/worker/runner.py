@@ -260,7 +260,7 @@ class Worker:
         t0 = time.monotonic()
         with self.start_times.loading():
             if self.handler is None:
-                self.handler = self.spec.load_handler(cache_dir=self.settings.model_cache_dir)
+                self.handler = self.spec.load_handler(settings=self.settings.model_settings)
             self.handler.load()
         log.info("model %s loaded in %.2fs", self.spec.id, time.monotonic() - t0)
 
