@@ -70,6 +70,7 @@ def _prepare(args: argparse.Namespace) -> int:
 def _serve_openai(args: argparse.Namespace) -> int:
     from asyncinfer.core import logs
     from asyncinfer.core.errors import CatalogueError
+    from asyncinfer.core.settings import get_settings
     from asyncinfer.models.openai_server.serve import serve_openai
     from asyncinfer.models.registry import MODELS, use_catalogue
 
@@ -83,7 +84,11 @@ def _serve_openai(args: argparse.Namespace) -> int:
         print(f"asyncinfer serve-openai: {exc}", file=sys.stderr)
         return 2
     return serve_openai(
-        args.model, host=args.host, port=args.port, max_batch_size=args.max_batch_size
+        args.model,
+        host=args.host,
+        port=args.port,
+        max_batch_size=args.max_batch_size,
+        settings=get_settings().model_settings,
     )
 
 

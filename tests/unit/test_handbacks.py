@@ -21,7 +21,7 @@ from asyncinfer.jobs import transitions
 from asyncinfer.jobs.record import LEASE_FIELD, REQUEUED_MARK
 from asyncinfer.jobs.service import JobService
 from asyncinfer.jobs.store import JobStore
-from asyncinfer.worker import runner
+from asyncinfer.worker import finishing
 from asyncinfer.worker.inflight import Held
 from asyncinfer.worker.runner import Worker
 
@@ -50,7 +50,7 @@ def later(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     """Move the clocks the store, sweeper and worker read to ``seconds`` ahead of real time."""
     real_time, real_now = _REAL_TIME, now
     monkeypatch.setattr(time, "time", lambda: real_time() + seconds)
-    monkeypatch.setattr(runner, "now", lambda: real_now() + timedelta(seconds=seconds))
+    monkeypatch.setattr(finishing, "now", lambda: real_now() + timedelta(seconds=seconds))
     monkeypatch.setattr(sweeper, "now", lambda: real_now() + timedelta(seconds=seconds))
 
 

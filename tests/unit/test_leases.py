@@ -27,7 +27,7 @@ from asyncinfer.jobs import leases
 from asyncinfer.jobs.service import JobService
 from asyncinfer.jobs.store import LEASE_FIELD, JobStore
 from asyncinfer.local.resources import Resources
-from asyncinfer.worker import runner
+from asyncinfer.worker import finishing
 from asyncinfer.worker.inflight import Held
 from asyncinfer.worker.runner import Worker
 from tests.conftest import drain_events
@@ -58,7 +58,7 @@ def later(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     """Move the clocks the store, sweeper and worker read to ``seconds`` ahead of real time."""
     real_time, real_now = _REAL_TIME, now
     monkeypatch.setattr(time, "time", lambda: real_time() + seconds)
-    monkeypatch.setattr(runner, "now", lambda: real_now() + timedelta(seconds=seconds))
+    monkeypatch.setattr(finishing, "now", lambda: real_now() + timedelta(seconds=seconds))
 
 
 def receive(settings: Settings) -> dict[str, Any]:

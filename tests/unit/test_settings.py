@@ -16,6 +16,7 @@ from asyncinfer.core.settings_parts import (
     BridgeSettings,
     CompletionSettings,
     DlqSettings,
+    ModelSettings,
     OpenAISettings,
     ScalingSettings,
     SettingsPart,
@@ -206,6 +207,7 @@ def test_fields_without_a_variable_are_not_read_from_the_environment() -> None:
 _PARTS = [
     ApiSettings,
     WorkerSettings,
+    ModelSettings,
     WebhookSettings,
     SweeperSettings,
     ScalingSettings,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -21,6 +23,7 @@ from asyncinfer.core.settings_parts import (
     BridgeSettings,
     CompletionSettings,
     DlqSettings,
+    ModelSettings,
     OpenAISettings,
     ScalingSettings,
     SettingsPart,
@@ -152,6 +155,57 @@ def test_a_worker_runs_a_job_with_its_part(settings: Settings) -> None:
     worker.run(max_jobs=1)
     rec = JobStore(settings.worker).get(job_id)
     assert rec is not None and rec["status"] == "succeeded"
+
+
+def test_the_model_handlers_work_with_just_the_model_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handlers read the part they are given (``settings=``), never the environment: the
+    environment says one thing, the part another, and the part wins."""
+    from asyncinfer.models.kinds.causal_lm import CausalLMHandler
+    from asyncinfer.models.registry import MODELS
+    from asyncinfer.models.weights import default_cache_root
+
+    monkeypatch.setenv(ev.ECHO_BATCHING, "1")
+    monkeypatch.setenv(ev.TOKEN_BUDGET, "111")
+    monkeypatch.setenv(ev.MODEL_CACHE, str(tmp_path / "env-cache"))
+    part = ModelSettings(
+        models_file=None,
+        model_cache_dir=tmp_path / "cache",
+        weights_cache_dir=None,
+        token_budget=4321,
+        echo_batching=False,
+        engine_url="http://127.0.0.1:1",
+    )
+    echo = MODELS["echo"].load_handler(settings=part)
+    assert echo.batching is False and echo.capacity(8) == 1
+    assert echo.cache_dir == tmp_path / "cache"
+    assert (
+        MODELS["echo"]
+        .load_handler(settings=part.model_copy(update={"echo_batching": True}))
+        .batching
+    )
+    lm = CausalLMHandler(spec=SimpleNamespace(id="lm", entry=None), settings=part)
+    assert lm.budget() == 4321  # no entry, no CUDA model: the part's budget, not the env's 111
+    assert default_cache_root(part) == tmp_path / "cache" / "weights"
+    # The worker hands its handler the worker's part.
+    s = Settings.from_env({ev.ECHO_BATCHING: "0", ev.TOKEN_BUDGET: "99"})
+    assert s.worker.model_settings == s.model_settings
+    assert (s.model_settings.echo_batching, s.model_settings.token_budget) == (False, 99)
+    assert ev.ECHO_BATCHING in WorkerSettings.env_names()
+    assert ev.ENGINE_URL in ModelSettings.env_names()
+
+
+def test_a_worker_loads_its_handler_with_its_model_part(settings: Settings) -> None:
+    part = settings.worker.model_copy(
+        update={
+            "model_settings": settings.model_settings.model_copy(update={"echo_batching": False})
+        }
+    )
+    worker = Worker(part, "echo", max_wait_seconds=0)
+    worker.load()
+    assert worker.handler is not None and worker.handler.settings == part.model_settings
+    assert worker.handler.batching is False
 
 
 def test_the_sweeper_works_with_its_part(

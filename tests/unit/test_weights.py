@@ -88,7 +88,9 @@ def test_a_tiny_checkpoint_on_s3_loads_through_the_catalogue(s3: Any, tmp_path: 
     )
     use_catalogue(cat)
     try:
-        h = MODELS["tiny-s3"].load_handler()
+        from asyncinfer.core.settings import get_settings
+
+        h = MODELS["tiny-s3"].load_handler(settings=get_settings().model_settings)
         assert isinstance(h, EmbeddingsHandler)
         h.load()
         folder = h.folder()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from asyncinfer.core.errors import InvalidInput, JobCancelled, TransientError, WorkerStopping
-from asyncinfer.core.settings import INLINE_OUTPUT_LIMIT_BYTES
+from asyncinfer.core.settings import INLINE_OUTPUT_LIMIT_BYTES, Settings
 from asyncinfer.jobs.transitions import Transition
 from asyncinfer.models.base import WorkItem
 from asyncinfer.models.registry import MODELS
@@ -230,7 +230,8 @@ def test_echo_runs_the_items_of_a_batch_concurrently(clean_env: pytest.MonkeyPat
 
 def test_echo_one_at_a_time_by_setting(clean_env: pytest.MonkeyPatch) -> None:
     apply_env(clean_env, {"ASYNCINFER_ECHO_BATCHING": "0"})
-    handler = MODELS["echo"].load_handler()
+    # As the worker's entry point does: the model part of the settings read from the environment.
+    handler = MODELS["echo"].load_handler(settings=Settings.from_env().model_settings)
     assert not handler.batching and handler.capacity(10) == 1
 
 

@@ -120,6 +120,7 @@ from asyncinfer.core.settings_parts import (
     BridgeSettings,
     CompletionSettings,
     DlqSettings,
+    ModelSettings,
     OpenAISettings,
     ScalingSettings,
     SweeperSettings,
@@ -293,6 +294,11 @@ class Settings(BaseSettings):
     def worker(self) -> WorkerSettings:
         """The part a worker reads."""
         return WorkerSettings.of(self)
+
+    @property
+    def model_settings(self) -> ModelSettings:
+        """The part the model handlers read (held by :attr:`worker`)."""
+        return ModelSettings.of(self)
 
     @property
     def webhooks(self) -> WebhookSettings:

@@ -5,7 +5,8 @@ A part is a frozen pydantic model whose fields carry the names of the
 it copies; nothing is declared twice with a default, so the defaults stay in one place. A field
 typed with another part (``ApiSettings.scaling``) holds that part: a component that drives
 another's code (the API wakes workers, the batch expander submits through the job service) carries
-the other's part, not its fields. Build one with ``settings.api`` / ``.worker`` / ``.webhooks`` /
+the other's part, not its fields (the worker carries ``model_settings``, its handlers' part).
+Build one with ``settings.api`` / ``.worker`` / ``.model_settings`` / ``.webhooks`` /
 ``.sweeper`` / ``.scaling`` / ``.dlq`` / ``.bridge`` / ``.completion`` / ``.openai`` (or
 :meth:`SettingsPart.of`); each entry point (Lambda handler, worker main, local stack) builds its
 part once from :func:`~asyncinfer.core.settings.get_settings` and hands it to the component.
@@ -160,9 +161,26 @@ class ApiSettings(EventsPart, QueuesPart):
     scaling: ScalingSettings
 
 
+class ModelSettings(SettingsPart):
+    """What the model layer reads (:mod:`asyncinfer.models`): the catalogue file, the model and
+    weights caches, the causal-LM token budget (tokens; 0: the entry's or automatic), the echo
+    model's batching and an ``engine.image`` entry's engine URL. The handlers
+    (:class:`~asyncinfer.models.base.ModelHandler` ``settings=``) and
+    :func:`asyncinfer.models.weights.default_cache_root` take it; the worker carries it
+    (``WorkerSettings.model_settings``)."""
+
+    models_file: Path | None
+    model_cache_dir: Path
+    weights_cache_dir: Path | None
+    token_budget: int
+    echo_batching: bool
+    engine_url: str
+
+
 class WorkerSettings(EventsPart, QueuesPart):
     """A GPU worker (ECS task or SageMaker container): intake, held messages, the watcher (and
-    what its model handlers read: the catalogue, caches, batching limits)."""
+    what its model handlers read: the catalogue, caches, batching limits; ``model_settings``:
+    the part handed to the handlers)."""
 
     models_file: Path | None
     max_receive_count: int
@@ -180,6 +198,7 @@ class WorkerSettings(EventsPart, QueuesPart):
     busy_file: str
     ecs_agent_uri: str
     compute: str
+    model_settings: ModelSettings
 
 
 class WebhookSettings(AwsPart):

@@ -35,6 +35,7 @@ from asyncinfer.core.errors import (
 )
 
 if TYPE_CHECKING:
+    from asyncinfer.core.settings_parts import ModelSettings
     from asyncinfer.models.registry import ModelSpec
 
 log = logging.getLogger("asyncinfer.models")
@@ -233,9 +234,16 @@ class ModelHandler:
         and concurrency"). Default ``True``."""
         return True
 
-    def __init__(self, *, spec: ModelSpec, cache_dir: Any = None) -> None:
+    def __init__(
+        self, *, spec: ModelSpec, cache_dir: Any = None, settings: ModelSettings | None = None
+    ) -> None:
+        # settings: the model layer's part (the worker's ``model_settings``); None (tests): the
+        # built-in defaults, and cache_dir as given. A given cache_dir wins over the part's.
         self.spec = spec
-        self.cache_dir = cache_dir
+        self.settings = settings
+        self.cache_dir = (
+            cache_dir if cache_dir is not None or settings is None else settings.model_cache_dir
+        )
 
     def capacity(self, max_batch_size: int) -> int:
         """Most jobs this handler runs at once in a worker whose batch size is

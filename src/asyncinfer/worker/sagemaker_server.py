@@ -78,7 +78,7 @@ class InvocationsApp:
         times = StartTimes(self.spec.id, emit=bool(get_settings().compute))
         with times.loading():
             if self.handler is None:
-                self.handler = self.spec.load_handler(cache_dir=get_settings().model_cache_dir)
+                self.handler = self.spec.load_handler(settings=get_settings().model_settings)
             self.handler.load()
         times.ready()
         log.info("worker ready: model=%s (SageMaker) %s", self.spec.id, times.ready_fields())

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncinfer.core.errors import ConfigError
+from asyncinfer.core.settings_parts import ModelSettings
 from asyncinfer.models import device
 from asyncinfer.models.base import ModelHandler, Result, WorkItem, WorkSource
 from asyncinfer.models.checkpoint import ensure_checkpoint, load_checkpoint
@@ -76,14 +77,20 @@ class CausalLMHandler(ModelHandler):
         token_budget: most KV cache entries a batch may come to hold, tokens: its jobs x the
             largest prompt + ``max_new_tokens`` among them; default: the entry's
             ``token_budget``, on CUDA with ``auto`` what fits in free memory
-            (:func:`~asyncinfer.models.device.kv_budget`), else ``ASYNCINFER_TOKEN_BUDGET``
-            (settings), else :data:`DEFAULT_TOKEN_BUDGET`.
+            (:func:`~asyncinfer.models.device.kv_budget`), else the part's ``token_budget``
+            (``ASYNCINFER_TOKEN_BUDGET``; ``settings=``), else :data:`DEFAULT_TOKEN_BUDGET`.
+        settings: the model layer's part (:class:`~asyncinfer.core.settings_parts.ModelSettings`).
     """
 
     def __init__(
-        self, *, spec: Any, cache_dir: Any = None, token_budget: int | None = None
+        self,
+        *,
+        spec: Any,
+        cache_dir: Any = None,
+        token_budget: int | None = None,
+        settings: ModelSettings | None = None,
     ) -> None:
-        super().__init__(spec=spec, cache_dir=cache_dir)
+        super().__init__(spec=spec, cache_dir=cache_dir, settings=settings)
         self.model: Any = None
         self.tokenizer: Any = None
         self.token_budget = token_budget
@@ -100,7 +107,7 @@ class CausalLMHandler(ModelHandler):
             ConfigError / TransientError: an ``s3://`` source that cannot be downloaded.
         """
         entry = getattr(self.spec, "entry", None)
-        folder = self.spec.source_dir() if entry is not None else None
+        folder = self.spec.source_dir(self.settings) if entry is not None else None
         if folder is None:
             raise ConfigError(f"model {self.spec.id!r}: a causal-lm entry needs a source")
         if entry is not None and entry.gguf_file:
@@ -157,12 +164,9 @@ class CausalLMHandler(ModelHandler):
             auto = device.kv_budget(self.model)
             if auto:
                 return auto
-        try:
-            from asyncinfer.core.settings import get_settings
-
-            return get_settings().token_budget or DEFAULT_TOKEN_BUDGET
-        except Exception:
-            return DEFAULT_TOKEN_BUDGET
+        if self.settings is not None and self.settings.token_budget:
+            return self.settings.token_budget
+        return DEFAULT_TOKEN_BUDGET
 
     def context_tokens(self) -> int | None:
         """The model's context (``max_position_embeddings``), tokens, if it says."""

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncinfer.core.errors import ConfigError, JobError, WorkerStopping
+from asyncinfer.core.settings_parts import ModelSettings
 from asyncinfer.models import device
 from asyncinfer.models.base import ModelHandler, Result, WorkItem
 from asyncinfer.models.schemas import EmbeddingInput
@@ -108,8 +109,10 @@ class EmbeddingsHandler(ModelHandler):
     #: Texts per forward pass.
     CHUNK = 64
 
-    def __init__(self, *, spec: Any, cache_dir: Any = None) -> None:
-        super().__init__(spec=spec, cache_dir=cache_dir)
+    def __init__(
+        self, *, spec: Any, cache_dir: Any = None, settings: ModelSettings | None = None
+    ) -> None:
+        super().__init__(spec=spec, cache_dir=cache_dir, settings=settings)
         self.model: Any = None
         self.tokenizer: Any = None
         self.max_tokens: int = DEFAULT_TOKEN_LIMIT
@@ -138,7 +141,7 @@ class EmbeddingsHandler(ModelHandler):
             ConfigError: the entry has no source.
         """
         if self._folder is None:
-            folder = self.spec.source_dir()
+            folder = self.spec.source_dir(self.settings)
             if folder is None:
                 raise ConfigError(f"model {self.spec.id!r}: an embeddings entry needs a source")
             self._folder = Path(folder)

@@ -41,6 +41,7 @@ from asyncinfer.core.errors import (
     TransientError,
     WorkerStopping,
 )
+from asyncinfer.core.settings_parts import ModelSettings
 from asyncinfer.models import base
 from asyncinfer.models.base import ModelHandler, Result, WorkItem, WorkSource
 from asyncinfer.models.openai_server.protocol import (
@@ -89,12 +90,18 @@ class _Job:
         }
 
 
+#: The engine's URL without an entry ``engine.url`` or a part (``Settings.engine_url``'s default).
+DEFAULT_ENGINE_URL = "http://127.0.0.1:8000"
+
+
 class OpenAIServerHandler(ModelHandler):
     """Feeds an OpenAI-compatible engine (see the module docstring).
 
     Args:
         spec: the entry's spec (``kind: openai-server``, ``engine.model`` the name it serves).
-        url: the engine's base URL (default: ``engine.url``, else ``Settings.engine_url``).
+        url: the engine's base URL (default: ``engine.url``, else the part's ``engine_url``,
+            ``ASYNCINFER_ENGINE_URL``, else :data:`DEFAULT_ENGINE_URL`).
+        settings: the model layer's part (:class:`~asyncinfer.core.settings_parts.ModelSettings`).
         transport: an httpx transport (tests: ``httpx.MockTransport``).
     """
 
@@ -105,16 +112,17 @@ class OpenAIServerHandler(ModelHandler):
         cache_dir: Any = None,
         url: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        settings: ModelSettings | None = None,
     ) -> None:
-        super().__init__(spec=spec, cache_dir=cache_dir)
+        super().__init__(spec=spec, cache_dir=cache_dir, settings=settings)
         engine = spec.entry.engine if spec.entry is not None else None
         if url is None:
             if engine is not None and engine.url:
                 url = engine.url
+            elif settings is not None:
+                url = settings.engine_url
             else:
-                from asyncinfer.core.settings import get_settings
-
-                url = get_settings().engine_url
+                url = DEFAULT_ENGINE_URL
         self.url = url.rstrip("/")
         self.model = engine.model if engine is not None else spec.id
         self._transport = transport

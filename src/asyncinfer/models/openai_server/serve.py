@@ -36,6 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from asyncinfer.core.errors import InvalidInput, JobError, WorkerStopping
+from asyncinfer.core.settings_parts import ModelSettings
 from asyncinfer.models.base import ModelHandler, WorkItem
 from asyncinfer.models.openai_server.protocol import (
     CHAT_PATH,
@@ -385,12 +386,17 @@ def _usage(out: dict[str, Any]) -> dict[str, int]:
 
 
 def serve_openai(
-    model_id: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch_size: int | None = None
+    model_id: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_batch_size: int | None = None,
+    settings: ModelSettings | None = None,
 ) -> int:
     """Serve catalogue entry ``model_id`` (``causal-lm``: the completions routes; ``embeddings``:
     ``/v1/embeddings``) until SIGTERM or SIGINT; returns 0, or 2 when the entry is missing or of
-    another kind."""
-    from asyncinfer.core.settings import get_settings
+    another kind. ``settings``: the model layer's part (the CLI passes the settings'; without
+    it the handler's built-in defaults)."""
     from asyncinfer.models.registry import MODELS
 
     if model_id not in MODELS:
@@ -405,7 +411,7 @@ def serve_openai(
             spec.kind,
         )
         return 2
-    handler = spec.load_handler(cache_dir=get_settings().model_cache_dir)
+    handler = spec.load_handler(settings=settings)
     server = EngineServer(
         (host, port),
         handler,
