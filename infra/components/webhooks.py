@@ -23,6 +23,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from asyncinfer.core import envvars as ev
+from asyncinfer.core import topology
 from asyncinfer.webhooks import queues, secrets
 from infra.components.function import PythonFunction
 
@@ -144,7 +145,18 @@ class WebhookDelivery(Construct):
                 queue=self.dlq, max_receive_count=SAFETY_MAX_RECEIVES
             ),
         )
-        topic.add_subscription(subs.SqsSubscription(self.queue, raw_message_delivery=True))
+        # Only events of jobs and batches with a webhook (the has_webhook attribute): others
+        # never queue ahead of a tenant's deliveries (core.topology.WEBHOOK_ATTRIBUTE).
+        topic.add_subscription(
+            subs.SqsSubscription(
+                self.queue,
+                raw_message_delivery=True,
+                filter_policy={
+                    k: sns.SubscriptionFilter.string_filter(allowlist=v)
+                    for k, v in topology.QUEUES["webhooks"].filter_policy().items()
+                },
+            )
+        )
         self.function: lambda_.Function = PythonFunction(
             self,
             "Dispatcher",

@@ -137,6 +137,24 @@ def test_webhook_queue_and_timeout_are_the_local_stacks(any_mode: Any) -> None:
     assert queue["RedrivePolicy"]["maxReceiveCount"] == queues.MAX_RECEIVE_COUNT
 
 
+def test_webhook_queue_takes_only_events_with_a_webhook(any_mode: Any) -> None:
+    """Issue 14, item 5: events of jobs without a webhook (a big batch's) never queue ahead of
+    other tenants' deliveries: the subscription filters on the has_webhook attribute."""
+    (mapping,) = [
+        m
+        for m in any_mode.props("AWS::Lambda::EventSourceMapping")
+        if "Dispatcher" in str(m["FunctionName"])
+    ]
+    queue_id = mapping["EventSourceArn"]["Fn::GetAtt"][0]
+    (sub,) = [
+        p
+        for p in any_mode.props("AWS::SNS::Subscription")
+        if p["Protocol"] == "sqs" and p["Endpoint"] == {"Fn::GetAtt": [queue_id, "Arn"]}
+    ]
+    assert sub["RawMessageDelivery"] is True
+    assert sub["FilterPolicy"] == {"has_webhook": ["true"]}
+
+
 @pytest.mark.parametrize("value", [-1, 1, 1001, "x"])
 def test_reserved_concurrency_setting_is_validated(value: Any) -> None:
     with pytest.raises(DeployConfigError, match="webhooks_reserved_concurrency"):

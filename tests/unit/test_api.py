@@ -72,6 +72,7 @@ def test_event_has_filterable_message_attributes(api: ApiCaller, resources: Reso
         "model": "echo",
         "tenant": "tenant-a",
         "status": "queued",
+        "has_webhook": "false",  # our extension: the webhook queue's filter (core.topology)
     }
 
 

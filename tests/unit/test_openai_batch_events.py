@@ -12,7 +12,9 @@ import pytest
 
 from asyncinfer.aws import clients
 from asyncinfer.core.settings import Settings
+from asyncinfer.functions.api.schemas import JobRequest
 from asyncinfer.functions.webhook_dispatcher import WebhookDispatcher, make_handler
+from asyncinfer.jobs.service import JobService
 from asyncinfer.local.event_source import pump_once
 from asyncinfer.local.resources import Resources
 from asyncinfer.webhooks.secrets import SecretStore
@@ -100,6 +102,7 @@ def test_batch_completed_event_and_webhook_unwrapped_by_the_sdk(local: Settings)
         "model": "echo",
         "tenant": TENANT,
         "status": "completed",
+        "has_webhook": "true",  # our extension: the webhook queue's filter (core.topology)
     }
 
     # The webhook: the dispatcher sends the event, signed, and the SDK unwraps it.
@@ -119,3 +122,23 @@ def test_batch_completed_event_and_webhook_unwrapped_by_the_sdk(local: Settings)
     assert unwrapped.data.id == out["id"]
     with pytest.raises(openai.InvalidWebhookSignatureError):
         client.webhooks.unwrap(body.decode(), headers, secret="whsec_" + "A" * 32)
+
+
+def test_the_webhook_queue_takes_only_events_of_jobs_with_a_webhook(local: Settings) -> None:
+    """Issue 14, item 5 (breaker): a job without a webhook (e.g. a big batch's line) puts nothing
+    in the webhook queue, so its events never queue ahead of another tenant's deliveries."""
+    sqs = clients.client("sqs", local)
+    service = JobService(local.api)
+    service.submit(TENANT, JobRequest(model="echo", input={"x": 1}))
+    hooked, _ = service.submit(
+        TENANT,
+        JobRequest(model="echo", input={"x": 2}, webhook={"url": "http://127.0.0.1:9/hook"}),
+    )
+    bodies = []
+    while msgs := sqs.receive_message(QueueUrl=local.webhook_queue_url, MaxNumberOfMessages=10).get(
+        "Messages", []
+    ):
+        bodies += [json.loads(m["Body"]) for m in msgs]
+        for m in msgs:
+            sqs.delete_message(QueueUrl=local.webhook_queue_url, ReceiptHandle=m["ReceiptHandle"])
+    assert [(b["type"], b["data"]["id"]) for b in bodies] == [("job.queued", hooked["id"])]

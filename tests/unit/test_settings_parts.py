@@ -355,3 +355,33 @@ def test_each_entry_point_builds_its_components_part(
     with pytest.raises(Stop):
         worker_main.main(["--model", "echo"])
     assert seen[-1] is WorkerSettings
+
+
+def test_a_custom_handler_with_its_own_init_of_spec_and_cache_dir_still_loads(
+    tmp_path: Path,
+) -> None:
+    """A deployer's ``python`` handler whose ``__init__`` takes only ``spec`` and ``cache_dir``
+    (as before the settings part) gets the part's cache folder instead of ``settings``."""
+    (tmp_path / "oldstyle.py").write_text(
+        "from asyncinfer.models.base import ModelHandler\n"
+        "class Old(ModelHandler):\n"
+        "    def __init__(self, *, spec, cache_dir=None):\n"
+        "        super().__init__(spec=spec, cache_dir=cache_dir)\n"
+        "    def load(self):\n"
+        "        pass\n"
+        "    def predict(self, items):\n"
+        "        return [{} for _ in items]\n"
+    )
+    (tmp_path / "models.yaml").write_text(
+        "models:\n  - id: old\n    kind: python\n    handler: oldstyle:Old\n"
+        "    input_schema: schema.json\n"
+    )
+    (tmp_path / "schema.json").write_text('{"type": "object"}')
+    from asyncinfer.core.settings import Settings
+    from asyncinfer.models.registry import Registry
+
+    registry = Registry()
+    registry.use(tmp_path / "models.yaml")
+    part = Settings.from_env().model_settings.model_copy(update={"model_cache_dir": tmp_path})
+    handler = registry["old"].load_handler(settings=part)
+    assert handler.cache_dir == tmp_path

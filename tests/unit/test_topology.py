@@ -84,8 +84,9 @@ def test_batch_events_subscription_filters_terminal_job_events_raw() -> None:
     assert json.loads(attrs["FilterPolicy"]) == {
         "event_type": ["job.succeeded", "job.failed", "job.cancelled", "job.expired"]
     }
-    # The webhook queue takes every event: no filter.
-    assert "FilterPolicy" not in topology.QUEUES["webhooks"].subscription_attributes()
+    # The webhook queue takes the events of jobs and batches with a webhook only.
+    hooks = topology.QUEUES["webhooks"].subscription_attributes()
+    assert json.loads(hooks["FilterPolicy"]) == {"has_webhook": ["true"]}
 
 
 def test_batch_queues_local_visibility_is_the_documented_override_only() -> None:

@@ -264,8 +264,10 @@ class Queue:
     (SQS fair queues; :mod:`asyncinfer.jobs.messages`), which needs no queue attribute.
     ``subscribed_to_events``: subscribed to the events topic with raw message delivery;
     ``event_types``: the subscription's filter on the ``event_type`` message attribute (empty:
-    every event). ``local_visibility_timeout_seconds``: the one documented difference of the
-    local stack (see :data:`BATCH_LOCAL_VISIBILITY_SECONDS`); ``None``: the same as in AWS.
+    every event); ``webhook_events``: only events of jobs and batches that have a webhook (the
+    filter on :data:`WEBHOOK_ATTRIBUTE`). ``local_visibility_timeout_seconds``: the one
+    documented difference of the local stack (see :data:`BATCH_LOCAL_VISIBILITY_SECONDS`);
+    ``None``: the same as in AWS.
     """
 
     name: str
@@ -278,6 +280,7 @@ class Queue:
     per_model: bool = False
     subscribed_to_events: bool = False
     event_types: tuple[str, ...] = ()
+    webhook_events: bool = False
     local_visibility_timeout_seconds: int | None = None
 
     def attributes(
@@ -317,16 +320,32 @@ class Queue:
 
     def subscription_attributes(self) -> dict[str, str]:
         """The SNS ``Subscribe`` attributes of a queue :attr:`subscribed_to_events`: raw
-        delivery, and the filter policy on ``event_type`` when :attr:`event_types` is set
-        (SNS developer guide, "Amazon SNS message filtering")."""
+        delivery, and the filter policy (:meth:`filter_policy`) when it has one (SNS developer
+        guide, "Amazon SNS message filtering")."""
         attrs = {"RawMessageDelivery": "true"}
-        if self.event_types:
-            attrs["FilterPolicy"] = json.dumps({EVENT_TYPE_ATTRIBUTE: list(self.event_types)})
+        policy = self.filter_policy()
+        if policy:
+            attrs["FilterPolicy"] = json.dumps(policy)
         return attrs
+
+    def filter_policy(self) -> dict[str, list[str]]:
+        """The subscription's filter policy, attribute -> allowed values (empty: every event):
+        ``event_type`` in :attr:`event_types`, and :data:`WEBHOOK_ATTRIBUTE` ``"true"`` for
+        :attr:`webhook_events`."""
+        policy: dict[str, list[str]] = {}
+        if self.event_types:
+            policy[EVENT_TYPE_ATTRIBUTE] = list(self.event_types)
+        if self.webhook_events:
+            policy[WEBHOOK_ATTRIBUTE] = ["true"]
+        return policy
 
 
 #: The message attribute of a job event that subscriptions filter on (asyncinfer.jobs.events).
 EVENT_TYPE_ATTRIBUTE = "event_type"
+#: The message attribute of an event that says whether its job or batch has a webhook (``"true"``
+#: or ``"false"``): the webhook queue takes only the first, so events of jobs without one (a
+#: 50,000-line batch's) never queue ahead of other tenants' deliveries (issue 14, item 5).
+WEBHOOK_ATTRIBUTE = "has_webhook"
 #: Job queue retention: longer than the longest job TTL of the spec (259200 s = 3 days).
 JOB_QUEUE_RETENTION_SECONDS = 4 * DAY
 #: The SQS maximum, for dead-letter queues: nothing is lost before triage.
@@ -379,6 +398,7 @@ QUEUES: dict[str, Queue] = {
             dead_letter="webhooks-dlq",
             max_receive_count=WEBHOOK_MAX_RECEIVE_COUNT,
             subscribed_to_events=True,
+            webhook_events=True,
         ),
         Queue("webhooks-dlq", DLQ_RETENTION_SECONDS, 30),
         # OpenAI batch operations (expand, end, check); six times the expander's timeout.

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncinfer.aws import clients
 from asyncinfer.aws.payloads import PayloadStore
-from asyncinfer.core import lifecycle
+from asyncinfer.core import lifecycle, topology
 from asyncinfer.core.chunks import chunked
 from asyncinfer.core.settings_needs import EventsConfig
 from asyncinfer.core.timeutil import iso, now
@@ -79,6 +79,7 @@ class EventPublisher:
             "model": record["model"],
             "tenant": record["tenant"],
             "status": record["status"],
+            topology.WEBHOOK_ATTRIBUTE: "true" if record.get("webhook") else "false",
         }
         return {
             "Message": json.dumps(event, separators=(",", ":"), ensure_ascii=False),

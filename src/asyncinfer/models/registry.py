@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -91,6 +92,12 @@ class ModelSpec:
         module_name, _, cls_name = self.handler.partition(":")
         self._add_catalogue_path()
         cls = getattr(importlib.import_module(module_name), cls_name)
+        if "settings" in kwargs and not _takes(cls, "settings"):
+            # A deployer's handler whose own __init__ predates the settings part (it takes
+            # ``spec`` and ``cache_dir``, as documented before): give it the cache folder.
+            part = kwargs.pop("settings")
+            if part is not None and _takes(cls, "cache_dir"):
+                kwargs.setdefault("cache_dir", part.model_cache_dir)
         handler: ModelHandler = cls(spec=self, **kwargs)
         return handler
 
@@ -304,3 +311,12 @@ def validation_details(exc: ValidationError, prefix: tuple[str, ...] = ()) -> li
         loc = [str(p) for p in (*prefix, *err["loc"])]
         out.append({"field": ".".join(loc), "message": err["msg"], "type": err["type"]})
     return out
+
+
+def _takes(cls: type, name: str) -> bool:
+    """Whether ``cls(...)`` accepts the keyword ``name`` (or any keyword)."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

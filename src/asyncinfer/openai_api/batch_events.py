@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from asyncinfer.aws import clients
+from asyncinfer.core import topology
 from asyncinfer.core.settings_parts import OpenAISettings
 
 #: Batch status -> event type.
@@ -50,6 +51,7 @@ def publish_batch_event(settings: OpenAISettings, record: dict[str, Any]) -> dic
         "model": str(record.get("model") or "batch"),
         "tenant": str(record["owner"]),
         "status": str(record["status"]),
+        topology.WEBHOOK_ATTRIBUTE: "true" if record.get("webhook") else "false",
     }
     clients.client("sns", settings).publish(
         TopicArn=settings.topic_arn,

@@ -50,7 +50,7 @@ def create_webhook_queues(sqs: Any, sns: Any, topic_arn: str, prefix: str) -> tu
         TopicArn=topic_arn,
         Protocol="sqs",
         Endpoint=_arn(sqs, url),
-        Attributes={"RawMessageDelivery": "true"},
+        Attributes=_QUEUE.subscription_attributes(),  # raw; events with a webhook only
     )
     return url, dlq_url
 
