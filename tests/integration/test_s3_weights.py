@@ -68,7 +68,7 @@ def test_a_worker_downloads_s3_weights_once_and_serves_jobs(
     )
     try:
         base = Settings(
-            weights_cache_dir=cache,  # the worker's model part carries it (ASYNCINFER_WEIGHTS_CACHE)
+            weights_cache_dir=cache,  # the worker model part carries it (ASYNCINFER_WEIGHTS_CACHE)
             endpoint_url=moto_endpoint,
             region="us-east-1",
             receive_wait_seconds=1,
