@@ -243,12 +243,7 @@ def _resend_one(
     if attempts >= settings.max_receive_count:
         reason = "no attempt is left"
     elif backlog.visible(settings.queue_url(record["model"], record.get("priority") or "normal")):
-        store.update_fields(
-            job_id,
-            status=lifecycle.QUEUED,
-            attempts=attempts,
-            set_fields={LEASE_FIELD: store.requeue_deadline()},
-        )
+        _postpone(store, job_id, attempts)
         return None  # its message may be waiting behind the backlog
     elif not record.get("input_ref") and parse(record["expires_at"]) <= now():
         reason = "its message was lost with its inline input"
@@ -259,19 +254,24 @@ def _resend_one(
             return None
         _publish(events, failed)
         return "failed"
-    if record.get("input_ref"):
-        _send_again(sqs, settings, record)
-    else:
+    if not record.get("input_ref"):
         log.error(
             "job %s: handed back, queued past its deadline, its input not in the record", job_id
         )
-    moved = store.update_fields(
+        _postpone(store, job_id, attempts)
+        return None
+    _send_again(sqs, settings, record)
+    return "resent" if _postpone(store, job_id, attempts) else None
+
+
+def _postpone(store: JobStore, job_id: str, attempts: int) -> bool:
+    """A new requeue deadline for a job still queued at ``attempts``; False when it moved on."""
+    return store.update_fields(
         job_id,
         status=lifecycle.QUEUED,
         attempts=attempts,
         set_fields={LEASE_FIELD: store.requeue_deadline()},
     )
-    return "resent" if record.get("input_ref") and moved else None
 
 
 class _Backlog:
