@@ -51,7 +51,7 @@ class NoJournal:
 
 def test_a_heartbeat_survives_one_queues_visibility_fault() -> None:
     sqs = FlakySqs(broken="q-high")
-    held = HeldMessages(sqs, lock=threading.RLock())
+    held = HeldMessages(sqs)
     for n, url in enumerate(["q-high", "q-normal"]):
         held.hold(Held(f"m{n}", f"r{n}", "{}", queue_url=url, job_id=f"job_{n}", attempts=1))
     store = Renewals()

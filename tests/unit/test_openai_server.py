@@ -326,7 +326,7 @@ def test_serve_takes_nothing_while_not_ready() -> None:
 def test_the_intake_receives_nothing_while_the_handler_is_not_ready() -> None:
     sqs, ready = StubQueue(5), [False]
     intake = Intake(
-        HeldMessages(sqs, lock=threading.RLock()),
+        HeldMessages(sqs),
         {"normal": "q"},
         capacity=2,
         running=lambda: 0,

@@ -114,7 +114,7 @@ class StubQueue:
 
 
 def intake_over(sqs: StubQueue, capacity: int, running: list[int]) -> Intake:
-    held = HeldMessages(sqs, lock=threading.RLock())
+    held = HeldMessages(sqs)
     return Intake(
         held,
         {"normal": "q"},
@@ -194,7 +194,7 @@ def test_a_terminal_write_and_its_event_go_before_its_message_is_deleted() -> No
     log = Log()
     lock = threading.RLock()
     journal: Journal
-    held = HeldMessages(StubSqsDeletes(log), lock=lock, before_delete=lambda: journal.flush())
+    held = HeldMessages(StubSqsDeletes(log), before_delete=lambda: journal.flush())
     journal = Journal(
         StubStore(log),  # type: ignore[arg-type]
         StubEvents(log),  # type: ignore[arg-type]
@@ -256,7 +256,7 @@ def test_an_event_that_fails_keeps_its_message_and_its_jobs_later_events() -> No
     their order across the retry; other jobs' events are not held back."""
     log = Log()
     lock = threading.RLock()
-    held = HeldMessages(StubSqsDeletes(log), lock=lock)
+    held = HeldMessages(StubSqsDeletes(log))
     events = FlakyEvents()
     journal = Journal(
         StubStore(log),  # type: ignore[arg-type]
@@ -309,7 +309,7 @@ def test_an_sns_outage_never_holds_the_write_lock_the_lease_renewals_need() -> N
     calls, not one per buffered event."""
     log = Log()
     lock = threading.RLock()
-    held = HeldMessages(StubSqsDeletes(log), lock=lock)
+    held = HeldMessages(StubSqsDeletes(log))
     events = HangingEvents()
     journal = Journal(
         StubStore(log),  # type: ignore[arg-type]

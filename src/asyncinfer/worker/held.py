@@ -8,7 +8,6 @@ SQS requests: ChangeMessageVisibilityBatch and DeleteMessageBatch, up to 10 entr
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -39,8 +38,6 @@ class HeldMessages:
 
     Args:
         sqs: a boto3 SQS client (or a stub with the same methods).
-        lock: the worker's write lock (kept for the components that share it; deletes no
-            longer take it: ``before_delete`` takes it for its own writes).
         before_delete: called before a batch of deletes (writes the pending terminal records
             and publishes their events; a message is queued for deletion only once its event
             is out).
@@ -51,13 +48,11 @@ class HeldMessages:
         self,
         sqs: Any,
         *,
-        lock: threading.RLock,
         before_delete: Callable[[], None] = lambda: None,
         inflight: InFlight | None = None,
     ) -> None:
         self.sqs = sqs
         self.inflight = inflight or InFlight()
-        self._lock = lock
         self.before_delete = before_delete
         # Appended to without the lock: taking the list over (``a, self.a = self.a, []``)
         # loses no append.

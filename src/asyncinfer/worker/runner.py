@@ -155,7 +155,6 @@ class Worker(Finishing):
         lock = threading.RLock()
         self.held = HeldMessages(
             sqs or clients.client("sqs", settings),
-            lock=lock,
             before_delete=lambda: self.journal.flush(),
         )
         self.journal = Journal(
