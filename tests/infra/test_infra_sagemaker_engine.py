@@ -8,6 +8,7 @@ know which models are engine entries."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -270,3 +271,18 @@ def test_lmi_args_become_options_and_tgi_args_their_variables() -> None:
     )
     assert se.family_of("aws:huggingface-llm") == se.TGI
     assert se.family_of("123456789012.dkr.ecr.us-east-1.amazonaws.com/mine:1") == se.OWN
+
+
+def test_neither_the_lambdas_nor_the_worker_image_get_the_sdk(sm: Synth) -> None:
+    """The SDK resolves images at synth only (the ``cdk`` extra)."""
+    assets = [p.parent for p in sm.outdir.glob("asset.*/app.py")]
+    assert assets  # the stack's Lambda code assets
+    for asset in assets:
+        assert not (asset / "sagemaker").exists(), asset
+        for py in (asset / "asyncinfer").rglob("*.py"):
+            assert not re.search(r"^\s*(from|import) sagemaker\b", py.read_text(), re.M), py
+    from tests.infra.conftest import ROOT
+
+    dockerfile = (ROOT / "container" / "Dockerfile").read_text()
+    assert "'.[worker]'" in dockerfile and "[cdk]" not in dockerfile
+    assert "sagemaker" not in (ROOT / "container" / "constraints.txt").read_text()
