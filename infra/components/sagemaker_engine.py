@@ -3,12 +3,10 @@ the async endpoint's container is the engine itself, configured the way SageMake
 users configure it, not our worker image.
 
 * **Image**: ``aws:djl-lmi`` (LMI: DJL Serving with vLLM / lmi-dist), ``aws:huggingface-llm``
-  (TGI) or ``aws:huggingface-tei`` (TEI, embeddings) with ``engine.version``, resolved per region
-  at synth into a ``CfnMapping`` looked up with ``AWS::Region``: from :data:`IMAGE_TABLE`, which
-  ``scripts/aws_images.py`` generates with the ``sagemaker`` SDK's ``image_uris.retrieve``
-  (the SDK itself is too heavy a synth dependency: sagemaker-core pulls pandas, scipy and
-  paramiko; when it is installed, versions the table lacks are resolved with it, offline);
-  or an image URI in Amazon ECR (an AWS container
+  (TGI) or ``aws:huggingface-tei`` (TEI, embeddings) with ``engine.version``, resolved at synth
+  by the ``sagemaker`` SDK (:mod:`infra.sagemaker_images`: ``image_uris.retrieve``, offline):
+  the stack's region's URI when the stack names one, else a ``CfnMapping`` of every region the
+  SDK lists, looked up with ``AWS::Region``; or an image URI in Amazon ECR (an AWS container
   by its URI, or the entry's own image, which must serve SageMaker's container contract: ``GET
   /ping`` and ``POST /invocations`` on 8080, taking the bodies of
   :mod:`asyncinfer.models.openai_server.invocations`). SageMaker pulls from ECR only.
@@ -33,13 +31,8 @@ users configure it, not our worker image.
 
 from __future__ import annotations
 
-import importlib
-import json
 import re
 from collections.abc import Mapping
-from functools import cache
-from pathlib import Path
-from typing import Any
 
 from aws_cdk import Aws, CfnMapping, Stack, Token
 from aws_cdk import aws_iam as iam
@@ -48,6 +41,7 @@ from constructs import Construct
 
 from asyncinfer.core import envvars as ev
 from asyncinfer.models.catalogue import AWS_IMAGE_PREFIX, Engine
+from infra import sagemaker_images as images
 from infra.model_compute import ModelCompute
 
 LMI, TGI, TEI, OWN = "lmi", "tgi", "tei", "own"
@@ -151,6 +145,8 @@ def engine_environment(model: str, compute: ModelCompute) -> dict[str, str]:
 def engine_problems(model: str, compute: ModelCompute) -> list[str]:
     """What stops an engine entry from deploying on ``compute.backend`` (each naming the model):
     an ``aws:`` image on ECS (those containers serve SageMaker's contract), and on SageMaker an
+    ``aws:`` image the ``sagemaker`` SDK cannot resolve (not installed, or an
+    ``engine.version`` it does not know: :func:`infra.sagemaker_images.image_problems`), an
     image outside ECR, or args its container cannot take."""
     engine = compute.engine
     if engine is None or not engine.image:
@@ -165,6 +161,8 @@ def engine_problems(model: str, compute: ModelCompute) -> list[str]:
             )
         return out
     _, flags, loose = parse_args(engine.args)
+    if engine.aws_image is not None:
+        out.extend(images.image_problems(model, engine.aws_image, engine.version))
     if not aws and not _ECR.match(engine.image):
         out.append(
             f"{model}: an openai-server engine.image on SageMaker must be in Amazon ECR (an "
@@ -191,67 +189,14 @@ def sagemaker_engines(computes: Mapping[str, ModelCompute]) -> dict[str, str]:
     }
 
 
-#: The per-region URIs of the ``aws:NAME`` containers, generated from the sagemaker SDK's
-#: bundled tables by ``scripts/aws_images.py`` (the SDK itself is not a synth dependency).
-IMAGE_TABLE = Path(__file__).resolve().parents[1] / "aws_images.json"
-
-
-@cache
-def _table() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(IMAGE_TABLE.read_text())
-    return data
-
-
-@cache
 def aws_image_uris(name: str, version: str) -> dict[str, str]:
-    """``{region: image URI}`` of AWS container ``name`` at ``version``: from
-    :data:`IMAGE_TABLE`, else from the ``sagemaker`` SDK when it is installed
-    (``image_uris.retrieve`` for every region it lists; its bundled tables, no network).
+    """``{region: image URI}`` of AWS container ``name`` at ``version``, from the ``sagemaker``
+    SDK (:func:`infra.sagemaker_images.region_uris`).
 
     Raises:
-        RuntimeError: a version neither knows (naming the known ones, and the SDK if missing).
+        ImageError: no SDK, or a version it does not know (naming the known ones).
     """
-    family = _table().get(name) or {}
-    entry = (family.get("tags") or {}).get(version)
-    if entry is not None:
-        regions = family["registries"] if entry["regions"] == "all" else entry["regions"]
-        return {
-            r: f"{family['registries'][r]}.dkr.ecr.{r}.{_domain(r)}/{family['repository']}:"
-            f"{entry['tag']}"
-            for r in sorted(regions)
-        }
-    known = ", ".join(sorted(family.get("tags") or {}))
-    image_uris = _sdk_image_uris()
-    if image_uris is None:
-        raise RuntimeError(
-            f"engine.image aws:{name} version {version}: not in {IMAGE_TABLE.name} (known: "
-            f"{known}); install the sagemaker SDK for other versions, or give the image URI"
-        )
-    try:
-        config = image_uris.config_for_framework(name)
-        config = config.get("inference", config)
-        real = (config.get("version_aliases") or {}).get(version, version)
-        regions = sorted(((config.get("versions") or {}).get(real) or {}).get("registries") or {})
-        if not regions:
-            raise ValueError(f"no such version (this table knows {known})")
-        return {r: str(image_uris.retrieve(name, region=r, version=version)) for r in regions}
-    except (ValueError, KeyError) as exc:
-        raise RuntimeError(f"engine.image aws:{name} version {version}: {exc}") from None
-
-
-def _sdk_image_uris() -> Any:
-    """The SDK's ``image_uris`` module (``sagemaker.core.image_uris`` in SDK v3,
-    ``sagemaker.image_uris`` in v2), or ``None`` when the SDK is not installed."""
-    for name in ("sagemaker.core.image_uris", "sagemaker.image_uris"):
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    return None
-
-
-def _domain(region: str) -> str:
-    return "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+    return images.region_uris(name, version)
 
 
 def _repository_arn(uri: str) -> str:
@@ -276,16 +221,14 @@ def engine_image(scope: Construct, engine: Engine) -> tuple[str, str]:
     if name is None:
         return engine.image, _repository_arn(engine.image)
     version = engine.version or ""
-    uris = aws_image_uris(name, version)
     stack = Stack.of(scope)
     if not Token.is_unresolved(stack.region):
-        if stack.region not in uris:
-            raise RuntimeError(f"engine.image aws:{name} {version}: none in {stack.region}")
-        uri = uris[stack.region]
+        uri = images.region_uri(name, version, stack.region)
         return uri, _repository_arn(uri)
     mid = "EngineImage" + re.sub(r"[^A-Za-z0-9]", "", f"{name}{version}".title())
     mapping = stack.node.try_find_child(mid)
     if not isinstance(mapping, CfnMapping):
+        uris = aws_image_uris(name, version)
         mapping = CfnMapping(
             stack,
             mid,

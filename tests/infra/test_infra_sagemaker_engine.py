@@ -1,13 +1,14 @@
 """CDK: ``openai-server`` entries with ``engine.image`` on SageMaker (issue 16): the async
-endpoint's model is the engine's container (AWS's LMI / TGI / TEI by ``aws:NAME``, resolved per
-region from the sagemaker SDK's tables, or the entry's own ECR image), its environment the
-entry's args as that container reads them with the tensor-parallel degree, the model data the
-entry's S3 source, the instance type the entry's; the bridge and completion know which models
-are engine entries."""
+endpoint's model is the engine's container (AWS's LMI / TGI / TEI by ``aws:NAME``, resolved at
+synth by the sagemaker SDK: per region, or the stack's region's; or the entry's own ECR image),
+its environment the entry's args as that container reads them with the tensor-parallel degree,
+the model data the entry's S3 source, the instance type the entry's; the bridge and completion
+know which models are engine entries."""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -20,6 +21,37 @@ from tests.infra.conftest import Synth, synth
 @pytest.fixture(scope="module")
 def sm(tmp_path_factory: pytest.TempPathFactory) -> Synth:
     return synth("openai-engine-sagemaker", tmp_path_factory.mktemp("cdk-openai-engine-sm"))
+
+
+@pytest.fixture(scope="module")
+def sm_eu(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same catalogue's template in a stack that names its account and region (eu-west-1;
+    ``CDK_DEFAULT_ACCOUNT`` / ``CDK_DEFAULT_REGION``, as ``cdk synth`` with credentials sets)."""
+    import aws_cdk as cdk
+    from aws_cdk.assertions import Template
+
+    from infra.app import build_app, feature_flags
+    from tests.infra.conftest import DOCKERFILE, VARIANTS
+
+    context = {
+        **feature_flags(),
+        "worker_dockerfile": DOCKERFILE,
+        **VARIANTS["openai-engine-sagemaker"],
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CDK_DEFAULT_ACCOUNT", "111122223333")
+        mp.setenv("CDK_DEFAULT_REGION", "eu-west-1")
+        app = cdk.App(context=context, outdir=str(tmp_path_factory.mktemp("cdk-engine-sm-eu")))
+        _, stack = build_app(app)
+        template: dict[str, Any] = Template.from_stack(stack).to_json()
+    return template
+
+
+def retrieve(name: str, region: str, version: str) -> str:
+    """The sagemaker SDK's own answer (what the template must hold)."""
+    from sagemaker.core import image_uris
+
+    return str(image_uris.retrieve(name, region=region, version=version))
 
 
 def model_of(s: Synth, model: str) -> dict[str, Any]:
@@ -43,6 +75,38 @@ def test_the_lmi_endpoint_runs_the_lmi_image_of_the_region(sm: Synth) -> None:
     assert uri.startswith("763104351884.dkr.ecr.us-east-1.amazonaws.com/djl-inference:")
     assert "0.31.0" in uri
     assert mapped(sm, c["Image"], "eu-west-1").split(".")[3] == "eu-west-1"
+
+
+def test_the_region_mapping_is_the_sdks_answer_for_every_region(sm: Synth) -> None:
+    for model, name, version in (
+        ("llama-8b", "djl-lmi", "0.31.0"),
+        ("llama-70b", "huggingface-llm", "3.0.1"),
+        ("bge-small", "huggingface-tei", "1.4.0"),
+    ):
+        image = model_of(sm, model)["PrimaryContainer"]["Image"]
+        table = sm.template["Mappings"][image["Fn::FindInMap"][0]]
+        assert {"us-east-1", "eu-west-1", "cn-north-1"} <= set(table)
+        for region, row in table.items():
+            assert row["uri"] == retrieve(name, region, version), (model, region)
+
+
+def test_a_stack_that_names_its_region_gets_that_regions_uri(sm_eu: dict[str, Any]) -> None:
+    models = {
+        m["Properties"]["PrimaryContainer"]["Environment"]["ASYNCINFER_MODEL_ID"]: m["Properties"]
+        for m in sm_eu["Resources"].values()
+        if m["Type"] == "AWS::SageMaker::Model"
+    }
+    lmi = retrieve("djl-lmi", "eu-west-1", "0.31.0")
+    assert models["llama-8b"]["PrimaryContainer"]["Image"] == lmi
+    tgi = retrieve("huggingface-llm", "eu-west-1", "3.0.1")
+    assert models["llama-70b"]["PrimaryContainer"]["Image"] == tgi
+    tables = sm_eu.get("Mappings", {}).values()
+    assert not any("uri" in row for t in tables for row in t.values())  # no region table
+    policies = json.dumps(
+        [r["Properties"] for r in sm_eu["Resources"].values() if r["Type"] == "AWS::IAM::Policy"]
+    )
+    account = lmi.split(".")[0]
+    assert f"arn:aws:ecr:eu-west-1:{account}:repository/djl-inference" in policies
 
 
 def test_the_entry_args_are_the_lmi_environment_with_the_tensor_parallel_degree(sm: Synth) -> None:
@@ -207,3 +271,18 @@ def test_lmi_args_become_options_and_tgi_args_their_variables() -> None:
     )
     assert se.family_of("aws:huggingface-llm") == se.TGI
     assert se.family_of("123456789012.dkr.ecr.us-east-1.amazonaws.com/mine:1") == se.OWN
+
+
+def test_neither_the_lambdas_nor_the_worker_image_get_the_sdk(sm: Synth) -> None:
+    """The SDK resolves images at synth only (the ``cdk`` extra)."""
+    assets = [p.parent for p in sm.outdir.glob("asset.*/app.py")]
+    assert assets  # the stack's Lambda code assets
+    for asset in assets:
+        assert not (asset / "sagemaker").exists(), asset
+        for py in (asset / "asyncinfer").rglob("*.py"):
+            assert not re.search(r"^\s*(from|import) sagemaker\b", py.read_text(), re.M), py
+    from tests.infra.conftest import ROOT
+
+    dockerfile = (ROOT / "container" / "Dockerfile").read_text()
+    assert "'.[worker]'" in dockerfile and "[cdk]" not in dockerfile
+    assert "sagemaker" not in (ROOT / "container" / "constraints.txt").read_text()

@@ -86,8 +86,8 @@ class Compute(_Strict):
 
 
 #: ``engine.image: aws:NAME`` names one of AWS's serving containers, resolved per region at synth
-#: (``sagemaker.image_uris.retrieve(NAME, region, version=engine.version)``): LMI (DJL, vLLM
-#: inside), TGI (``huggingface-llm``) and TEI (``huggingface-tei``, embeddings).
+#: by the ``sagemaker`` SDK (``sagemaker.core.image_uris.retrieve(NAME, region, version=...)``):
+#: LMI (DJL, vLLM inside), TGI (``huggingface-llm``) and TEI (``huggingface-tei``, embeddings).
 AWS_IMAGES: tuple[str, ...] = ("djl-lmi", "huggingface-llm", "huggingface-tei")
 AWS_IMAGE_PREFIX = "aws:"
 
