@@ -21,6 +21,10 @@ llama.cpp) on the task's GPUs, which the worker container feeds over the task's 
   copies only what changed), and the engine starts after it succeeded;
   ``ASYNCINFER_WEIGHTS_DIR=/weights`` tells the engine's args where (e.g. ``args: [--model,
   /weights, --served-model-name, llama-3.1-8b]``).
+* Image pull: an ``engine.image`` in private Amazon ECR gets the task execution role's right to
+  pull it (:func:`engine_image`: the pull actions on exactly its repository), as ECS pulls
+  with that role (Amazon ECS Developer Guide, "Task execution IAM role"); a public image needs
+  none.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from aws_cdk import Duration
+from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_logs as logs
 
 from asyncinfer.core import envvars as ev
+from infra.components.ecr_images import is_ecr_image, repository_arn, split_image
 from infra.components.ecs_instances import WEIGHTS_CACHE_PATH
 from infra.model_compute import ModelCompute
 
@@ -76,6 +82,23 @@ def engine_command(args: list[str], tensor_parallel: int) -> list[str]:
     return list(args)
 
 
+def engine_image(task_def: ecs.TaskDefinition, model: str, image: str) -> ecs.ContainerImage:
+    """The engine's container image: for a private ECR ``image``, CDK's
+    ``ContainerImage.from_ecr_repository`` of the imported repository, which grants the task
+    execution role the pull actions on exactly that repository (and
+    ``ecr:GetAuthorizationToken``, which takes no resource); any other registry by name."""
+    if not is_ecr_image(image):
+        return ecs.ContainerImage.from_registry(image)
+    name, ref = split_image(image)
+    repository = ecr.Repository.from_repository_attributes(
+        task_def,
+        f"{model}-engine-repository",
+        repository_arn=repository_arn(image),
+        repository_name=name,
+    )
+    return ecs.ContainerImage.from_ecr_repository(repository, ref)
+
+
 def add_engine(
     task_def: ecs.Ec2TaskDefinition,
     worker: ecs.ContainerDefinition,
@@ -101,7 +124,7 @@ def add_engine(
         env[ev.ENGINE_WEIGHTS_DIR] = WEIGHTS_DIR
     container = task_def.add_container(
         "engine",
-        image=ecs.ContainerImage.from_registry(engine.image),
+        image=engine_image(task_def, model, engine.image),
         command=engine_command(engine.args, engine.tensor_parallel) or None,
         gpu_count=compute.gpus or None,
         memory_reservation_mib=memory_reservation_mib,

@@ -42,6 +42,7 @@ from constructs import Construct
 from asyncinfer.core import envvars as ev
 from asyncinfer.models.catalogue import AWS_IMAGE_PREFIX, Engine
 from infra import sagemaker_images as images
+from infra.components.ecr_images import ECR_IMAGE, PULL_ACTIONS, repository_arn
 from infra.model_compute import ModelCompute
 
 LMI, TGI, TEI, OWN = "lmi", "tgi", "tei", "own"
@@ -56,10 +57,6 @@ STARTUP_TIMEOUT_SECONDS = 3600
 MODEL_FLAGS = ("--model", "--model-id", "--model-path")
 TP_FLAGS = ("--tensor-parallel-size", "-tp", "--tp", "--tp-size", "--num-shard")
 _ENV_ARG = re.compile(r"^([A-Z_][A-Z0-9_]*)=(.*)$", re.DOTALL)
-_ECR = re.compile(
-    r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/"
-    r"(?P<repo>[a-z0-9._/-]+)(?::[\w.-]+|@sha256:[0-9a-f]{64})$"
-)
 
 
 def family_of(image: str) -> str:
@@ -163,7 +160,7 @@ def engine_problems(model: str, compute: ModelCompute) -> list[str]:
     _, flags, loose = parse_args(engine.args)
     if engine.aws_image is not None:
         out.extend(images.image_problems(model, engine.aws_image, engine.version))
-    if not aws and not _ECR.match(engine.image):
+    if not aws and not ECR_IMAGE.match(engine.image):
         out.append(
             f"{model}: an openai-server engine.image on SageMaker must be in Amazon ECR (an "
             f"endpoint pulls from ECR only), not {engine.image!r}: push it there, use an "
@@ -199,19 +196,6 @@ def aws_image_uris(name: str, version: str) -> dict[str, str]:
     return images.region_uris(name, version)
 
 
-def _repository_arn(uri: str) -> str:
-    """The ECR repository ARN of an image URI in ECR."""
-    m = _ECR.match(uri)
-    assert m, uri
-    region = m.group("region")
-    partition = (
-        "aws-cn"
-        if region.startswith("cn-")
-        else ("aws-us-gov" if region.startswith("us-gov-") else "aws")
-    )
-    return f"arn:{partition}:ecr:{region}:{m.group('account')}:repository/{m.group('repo')}"
-
-
 def engine_image(scope: Construct, engine: Engine) -> tuple[str, str]:
     """``(image URI, its ECR repository ARN)`` of an engine entry in ``scope``'s stack: an
     ``aws:NAME`` through a ``CfnMapping`` of every region (or that region's URI when the stack's
@@ -219,12 +203,12 @@ def engine_image(scope: Construct, engine: Engine) -> tuple[str, str]:
     assert engine.image
     name = engine.aws_image
     if name is None:
-        return engine.image, _repository_arn(engine.image)
+        return engine.image, repository_arn(engine.image)
     version = engine.version or ""
     stack = Stack.of(scope)
     if not Token.is_unresolved(stack.region):
         uri = images.region_uri(name, version, stack.region)
-        return uri, _repository_arn(uri)
+        return uri, repository_arn(uri)
     mid = "EngineImage" + re.sub(r"[^A-Za-z0-9]", "", f"{name}{version}".title())
     mapping = stack.node.try_find_child(mid)
     if not isinstance(mapping, CfnMapping):
@@ -232,7 +216,7 @@ def engine_image(scope: Construct, engine: Engine) -> tuple[str, str]:
         mapping = CfnMapping(
             stack,
             mid,
-            mapping={r: {"uri": u, "repository": _repository_arn(u)} for r, u in uris.items()},
+            mapping={r: {"uri": u, "repository": repository_arn(u)} for r, u in uris.items()},
         )
     return mapping.find_in_map(Aws.REGION, "uri"), mapping.find_in_map(Aws.REGION, "repository")
 
@@ -248,9 +232,7 @@ def engine_container(
     iam.Grant.add_to_principal(
         grantee=role,
         actions=[
-            "ecr:BatchCheckLayerAvailability",
-            "ecr:BatchGetImage",
-            "ecr:GetDownloadUrlForLayer",
+            *PULL_ACTIONS,
         ],
         resource_arns=[repository],
     )

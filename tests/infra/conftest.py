@@ -185,7 +185,29 @@ def sagemaker50(tmp_path_factory: pytest.TempPathFactory) -> Synth:
     return synth("sagemaker-50", tmp_path_factory.mktemp("cdk-sagemaker-50"))
 
 
+#: The engine catalogues (issue 16) the cdk-nag and cfn-lint checks cover besides the modes: ECS
+#: with engine sidecars (a public image; a private ECR image with tensor_parallel 8 on
+#: p4d.24xlarge) and SageMaker engine endpoints (aws:djl-lmi, aws:huggingface-llm and
+#: aws:huggingface-tei through the region mapping of a region-agnostic stack; an own ECR image).
+ENGINE_CATALOGUES = ["openai-engine", "openai-engine-sagemaker"]
+
+
 @pytest.fixture(scope="session", params=["ecs", "sagemaker", "ecs-50", "sagemaker-50"])
 def every_synth(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Synth:
     """Both modes with the default catalogue and with 50 models."""
+    return synth(request.param, tmp_path_factory.mktemp(f"cdk-{request.param}"))
+
+
+@pytest.fixture(
+    scope="session", params=["ecs", "sagemaker", "ecs-50", "sagemaker-50", *ENGINE_CATALOGUES]
+)
+def nagged(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """Every synth of :func:`every_synth` and the engine catalogues: the templates cdk-nag's
+    AwsSolutions checks (each synthesized once per session, shared with the tests that read it)."""
+    return synth(request.param, tmp_path_factory.mktemp(f"cdk-{request.param}"))
+
+
+@pytest.fixture(scope="session", params=[*sorted(MODES), *ENGINE_CATALOGUES])
+def linted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """Both modes and the engine catalogues: the templates cfn-lint's default rules check."""
     return synth(request.param, tmp_path_factory.mktemp(f"cdk-{request.param}"))

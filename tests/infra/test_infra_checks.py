@@ -1,5 +1,6 @@
 """cdk-nag AwsSolutions (zero unacknowledged findings) and cfn-lint (zero errors) on both
-synthesized templates; and the Lambda code assets."""
+synthesized modes and the engine catalogues (conftest.ENGINE_CATALOGUES); and the Lambda code
+assets."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from typing import Any
 import pytest
 
 
-def test_cdk_nag_has_no_unacknowledged_findings(every_synth: Any) -> None:
-    any_mode = every_synth
+def test_cdk_nag_has_no_unacknowledged_findings(nagged: Any) -> None:
+    any_mode = nagged
     report_path = any_mode.outdir / "validation-report.json"
     violations = []
     if report_path.exists():
@@ -34,7 +35,8 @@ def test_every_acknowledgement_has_a_one_line_reason() -> None:
             assert reason.strip() and "\n" not in reason, rule
 
 
-def test_cfn_lint_finds_no_errors(any_mode: Any) -> None:
+def test_cfn_lint_finds_no_errors(linted: Any) -> None:
+    any_mode = linted
     cfn_lint = Path(sys.executable).with_name("cfn-lint")
     if not cfn_lint.exists():
         pytest.skip("cfn-lint is not installed")

@@ -5,6 +5,7 @@ healthy, and the weights copied from the entry's S3 source first (issue 16)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -111,3 +112,51 @@ def test_an_engine_image_on_sagemaker_is_refused_naming_the_model() -> None:
     computes = resolve(cat, ["llama-8b"], values, set())
     (problem,) = problems(computes, GPU_FAMILIES)
     assert problem.startswith("llama-8b: an openai-server engine.image") and "ecs" in problem
+
+
+def execution_policy(s: Synth, model: str) -> list[dict[str, Any]]:
+    """The statements of the execution role of the task whose worker serves ``model``."""
+    for td in s.resources("AWS::ECS::TaskDefinition").values():
+        p = td["Properties"]
+        if p["ContainerDefinitions"][0]["Command"][-1] == model:
+            role = p["ExecutionRoleArn"]["Fn::GetAtt"][0]
+            return [
+                st
+                for pol in s.props("AWS::IAM::Policy")
+                if {"Ref": role} in pol["Roles"]
+                for st in pol["PolicyDocument"]["Statement"]
+            ]
+    raise AssertionError(f"no task for {model}")
+
+
+def test_a_private_ecr_engine_image_may_be_pulled_by_the_task_execution_role(eng: Synth) -> None:
+    repo = "arn:aws:ecr:us-east-1:123456789012:repository/vllm-openai"
+    pulls = [
+        st
+        for st in execution_policy(eng, "llama-70b")
+        if "ecr:BatchGetImage" in st["Action"]
+        and repo in (st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]])
+    ]
+    assert pulls and {"ecr:GetDownloadUrlForLayer"} <= set(pulls[0]["Action"])
+    # The image is the entry's URI (CDK writes the domain as AWS::URLSuffix).
+    sep, parts = containers(eng, "llama-70b")["engine"]["Image"]["Fn::Join"]
+    image = sep.join("amazonaws.com" if p == {"Ref": "AWS::URLSuffix"} else p for p in parts)
+    assert image == "123456789012.dkr.ecr.us-east-1.amazonaws.com/vllm-openai:v0.8.5"
+    actions = [st["Action"] for st in execution_policy(eng, "llama-70b")]
+    assert any("ecr:GetAuthorizationToken" in a for a in actions)
+    # A public image (Docker Hub) needs no grant: nothing on that repository for llama-8b.
+    assert repo not in json.dumps(execution_policy(eng, "llama-8b"))
+
+
+def test_ecr_image_uris_and_their_repository_arns() -> None:
+    from infra.components.ecr_images import is_ecr_image, repository_arn, split_image
+
+    uri = "123456789012.dkr.ecr.cn-north-1.amazonaws.com.cn/team/engine@sha256:" + "a" * 64
+    assert is_ecr_image(uri)
+    assert split_image(uri) == ("team/engine", "sha256:" + "a" * 64)
+    assert split_image("123456789012.dkr.ecr.us-east-1.amazonaws.com/e:1.2") == ("e", "1.2")
+    assert repository_arn(uri) == "arn:aws-cn:ecr:cn-north-1:123456789012:repository/team/engine"
+    assert not is_ecr_image("vllm/vllm-openai:v0.8.5")
+    assert not is_ecr_image("public.ecr.aws/aws-cli/aws-cli:2.22.35")
+    with pytest.raises(ValueError, match="not an Amazon ECR image URI"):
+        repository_arn("vllm/vllm-openai:v0.8.5")
