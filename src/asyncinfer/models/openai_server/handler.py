@@ -60,6 +60,8 @@ log = logging.getLogger("asyncinfer.models.openai_server")
 PROGRESS_INTERVAL = 1.0
 #: How often running jobs are checked for cancel, timeout and stop, seconds.
 WATCH_SECONDS = 0.05
+#: Longest wait for a result while the most jobs are in flight (a result ends it at once), s.
+FULL_WAIT_SECONDS = 1.0
 #: How often the engine's health and queue are read, seconds.
 POLL_SECONDS = 0.5
 #: The engine-queue gauges of the servers we know (summed over their label sets).
@@ -363,8 +365,11 @@ class OpenAIServerHandler(ModelHandler):
                     active += len(items)
                     if items:
                         continue
+            # At capacity there is nothing to do but wait for a result (which wakes this at
+            # once): no periodic wake-up then, to leave the cores to a co-located engine.
+            wait = FULL_WAIT_SECONDS if active >= max_batch_size else 0.05 if active else 0.2
             try:
-                item, result = self._results.get(timeout=0.05 if active else 0.2)
+                item, result = self._results.get(timeout=wait)
             except queue.Empty:
                 continue
             source.finish(item, result)

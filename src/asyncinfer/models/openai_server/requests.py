@@ -9,6 +9,9 @@ each result to :meth:`RequestSource.finish`. The counts are vLLM's scheduler gau
 
 from __future__ import annotations
 
+import contextlib
+import select
+import socket
 import threading
 import time
 from collections import deque
@@ -18,9 +21,23 @@ from typing import Any
 from asyncinfer.models.base import Result, WorkItem
 
 
+def _wake_pair() -> tuple[socket.socket, socket.socket]:
+    """A connected, non-blocking socket pair: a byte written to the second wakes a ``select`` on
+    the first (and stays until read, so no wake is lost)."""
+    pair = socket.socketpair()
+    for end in pair:
+        end.setblocking(False)
+    return pair
+
+
 @dataclass
 class Request:
     """One HTTP request's job and what the handler reported for it.
+
+    The request's thread sleeps until something happens (:meth:`wait_for`): progress or the
+    result (the handler's thread writes a byte to the request's wake socket) or its client's
+    socket turning readable (a closed connection): no polling, so the request threads take no
+    CPU, and no core from the engine, between progress reports.
 
     Attributes:
         item: the work item the handler runs.
@@ -36,18 +53,65 @@ class Request:
     result: Result | None = None
     done: bool = False
     changed: threading.Condition = field(default_factory=threading.Condition)
+    _wake: tuple[socket.socket, socket.socket] | None = field(
+        default_factory=_wake_pair, repr=False
+    )
 
     def progress(self, tokens: int, partial: dict[str, Any]) -> None:
         """``on_progress`` of the item (the handler's thread)."""
         with self.changed:
             self.tokens, self.partial = tokens, partial
             self.changed.notify_all()
+        self._signal()
+
+    def settle(self, result: Result) -> None:
+        """Record the handler's result (``done``) and wake the request's thread."""
+        with self.changed:
+            self.result, self.done = result, True
+            self.changed.notify_all()
+        self._signal()
 
     def wait(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for progress or the result."""
         with self.changed:
             if not self.done:
                 self.changed.wait(timeout)
+
+    def wait_for(self, sock: socket.socket | None, timeout: float) -> bool:
+        """Sleep until progress or the result comes (one not yet waited for: none is missed),
+        ``sock`` is readable, or ``timeout`` seconds pass; ``True`` when ``sock`` is readable
+        (its peer closed it, or sent more)."""
+        with self.changed:
+            if self.done or self._wake is None:
+                return False
+            reader = self._wake[0]
+        watched = [reader] if sock is None else [reader, sock]
+        try:
+            readable, _, _ = select.select(watched, [], [], timeout)
+        except (OSError, ValueError):  # the client's socket closed under us
+            return True
+        if reader in readable:
+            try:
+                while reader.recv(4096):
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+        return sock is not None and sock in readable
+
+    def close(self) -> None:
+        """Close the wake socket (the request's thread is done with it)."""
+        with self.changed:
+            wake, self._wake = self._wake, None
+        for end in wake or ():
+            end.close()
+
+    def _signal(self) -> None:
+        with self.changed:
+            wake = self._wake
+        if wake is not None:
+            # BlockingIOError: a wake is pending anyway; closed: no one waits any more.
+            with contextlib.suppress(OSError):
+                wake[1].send(b"!")
 
 
 class RequestSource:
@@ -134,8 +198,5 @@ class RequestSource:
     def finish(self, item: WorkItem, result: Result) -> None:
         with self._lock:
             req = self._running.pop(id(item), None)
-        if req is None:
-            return
-        with req.changed:
-            req.result, req.done = result, True
-            req.changed.notify_all()
+        if req is not None:
+            req.settle(result)
