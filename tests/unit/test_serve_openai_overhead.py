@@ -144,3 +144,41 @@ def test_metrics_carry_the_engines_decoding_counts(held: Any) -> None:
     assert values["asyncinfer_engine_decode_steps_total"] == runner.COUNTS.steps
     assert values["asyncinfer_engine_decode_rows_total"] == runner.COUNTS.rows
     assert values["asyncinfer_engine_prefills_total"] == runner.COUNTS.prefills
+
+
+def _generation(n: int) -> WorkItem:
+    from asyncinfer.models.schemas import GenerationInput
+
+    return WorkItem(job_id=f"r{n}", input=GenerationInput(prompt="hi", max_new_tokens=2))
+
+
+def test_an_idle_engine_takes_a_burst_of_requests_in_one_batch() -> None:
+    from asyncinfer.models.openai_server.requests import RequestSource
+
+    source = RequestSource()
+
+    def burst() -> None:  # four concurrent requests, as HTTP delivers them: one by one
+        for n in range(4):
+            source.submit(_generation(n))
+            time.sleep(0.002)
+
+    t = threading.Thread(target=burst)
+    t.start()
+    got = source.take(8, timeout=2.0)  # idle: waits for the first, then gathers the burst
+    t.join()
+    assert [i.job_id for i in got] == ["r0", "r1", "r2", "r3"]
+
+
+def test_a_lone_request_is_not_held_and_a_busy_take_does_not_wait() -> None:
+    from asyncinfer.models.openai_server import requests as mod
+
+    source = mod.RequestSource()
+    source.submit(_generation(0))
+    t0 = time.monotonic()
+    assert [i.job_id for i in source.take(8, timeout=2.0)] == ["r0"]
+    assert time.monotonic() - t0 < mod.GATHER_SECONDS + 0.5
+    source.submit(_generation(1))
+    t0 = time.monotonic()
+    assert [i.job_id for i in source.take(8, timeout=0)] == ["r1"]
+    assert time.monotonic() - t0 < 0.005 + 0.5  # no gathering
+    assert source.take(8, timeout=0) == []
