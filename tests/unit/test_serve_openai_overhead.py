@@ -182,3 +182,40 @@ def test_a_lone_request_is_not_held_and_a_busy_take_does_not_wait() -> None:
     assert [i.job_id for i in source.take(8, timeout=0)] == ["r1"]
     assert time.monotonic() - t0 < 0.005 + 0.5  # no gathering
     assert source.take(8, timeout=0) == []
+
+
+def test_the_bridge_reuses_its_connection_from_job_to_job() -> None:
+    from asyncinfer.models.catalogue import parse_catalogue
+    from asyncinfer.models.registry import spec_of
+    from asyncinfer.models.schemas import GenerationInput
+
+    class Counting(EngineServer):
+        accepted = 0
+
+        def get_request(self) -> Any:
+            self.accepted += 1
+            return super().get_request()
+
+    h = HoldHandler()
+    h.release.set()  # every job answers at once
+    server = Counting(("127.0.0.1", 0), h, "held", max_batch_size=4)
+    server.start_engine()
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    host, port = server.server_address[:2]
+    engine = {"url": f"http://{host}:{port}", "model": "held"}
+    entry = {"id": "b", "kind": "openai-server", "engine": engine}
+    cat = parse_catalogue({"models": [entry]})
+    bridge = spec_of(cat.models[0], cat).load_handler()
+    try:
+        for n in range(3):
+            inp = GenerationInput(prompt="hi", max_new_tokens=2)
+            (out,) = bridge.predict([WorkItem(job_id=f"j{n}", input=inp)])
+            assert isinstance(out, dict) and out["text"] == "held", out
+        # The readiness poller's connection and the jobs' one (the stream read to its end after
+        # data: [DONE] goes back to the pool): not a new connection, and thread, per job.
+        assert server.accepted <= 2, server.accepted
+    finally:
+        server.stop()
+        t.join(5)
+        server.server_close()
