@@ -23,6 +23,10 @@ time per job, and of the **CPU seconds** spent: for (a) this process's CPU time
 (``time.process_time``: the engine runs in it), for (b) this process's (the bridge's client)
 plus the engine process's (``/proc/<pid>/stat`` utime + stime). CPU time counts the work done,
 not the time waited for a core another program held, so it moves much less with other load.
+(b)'s CPU is printed split too, client and engine. Each round also prints the engine's decoding
+steps and mean rows per step (:data:`asyncinfer.models.engine.runner.COUNTS`: this process's
+for (a), the ``asyncinfer_engine_decode_*`` counters of serve-openai's ``/metrics`` for (b)):
+the same jobs in more, smaller steps cost more wall and CPU time whatever the HTTP hop costs.
 
     .venv/bin/python bench/engine_bridge.py                  # 64 jobs x 4 rounds (minutes)
     .venv/bin/python bench/engine_bridge.py --jobs 8 --max-new-tokens 16 --rounds 4
@@ -48,6 +52,8 @@ import httpx
 from asyncinfer.local.stack import free_port
 from asyncinfer.models.base import WorkItem
 from asyncinfer.models.catalogue import parse_catalogue
+from asyncinfer.models.engine.runner import COUNTS
+from asyncinfer.models.openai_server.protocol import gauge
 from asyncinfer.models.registry import MODELS, spec_of
 from asyncinfer.models.schemas import GenerationInput
 
@@ -128,10 +134,20 @@ def start_engine(concurrency: int) -> tuple[subprocess.Popen[bytes], str]:
 
 
 class Round:
-    """One path's run in one round: wall seconds, CPU seconds, completion tokens."""
+    """One path's run in one round: wall seconds, CPU seconds (``cpu`` = ``client`` + ``engine``:
+    this process's and the engine process's), completion tokens, decoding steps and rows
+    decoded (their ratio is the mean batch size)."""
 
-    def __init__(self, wall: float, cpu: float, tokens: int) -> None:
-        self.wall, self.cpu, self.tokens = wall, cpu, tokens
+    def __init__(
+        self, wall: float, client: float, engine: float, tokens: int, steps: int, rows: int
+    ) -> None:
+        self.wall, self.client, self.engine, self.tokens = wall, client, engine, tokens
+        self.cpu = client + engine
+        self.steps, self.rows = steps, rows
+
+    def batch(self) -> float:
+        """Mean rows per decoding step."""
+        return self.rows / self.steps if self.steps else 0.0
 
 
 def process_cpu(pid: int) -> float:
@@ -140,15 +156,31 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measured(handler: Any, n: int, tokens: int, concurrency: int, engine_pid: int | None) -> Round:
-    """Run ``n`` jobs through ``handler``; CPU of this process, plus the engine's if given."""
+def decode_counts(url: str | None) -> tuple[int, int]:
+    """``(decoding steps, rows decoded)`` so far: of this process's engine, or of the engine at
+    ``url`` (its ``/metrics``)."""
+    if url is None:
+        return COUNTS.steps, COUNTS.rows
+    page = httpx.get(url + "/metrics", timeout=10).text
+    steps = gauge(page, "asyncinfer_engine_decode_steps_total") or 0.0
+    rows = gauge(page, "asyncinfer_engine_decode_rows_total") or 0.0
+    return int(steps), int(rows)
+
+
+def measured(
+    handler: Any, n: int, tokens: int, concurrency: int, engine: tuple[int, str] | None
+) -> Round:
+    """Run ``n`` jobs through ``handler``; CPU of this process, plus the engine's if given
+    (``(pid, url)``), and the decoding steps of the engine that ran them."""
+    url = engine[1] if engine else None
+    steps0, rows0 = decode_counts(url)
     cpu0 = time.process_time()
-    eng0 = process_cpu(engine_pid) if engine_pid else 0.0
+    eng0 = process_cpu(engine[0]) if engine else 0.0
     wall, done = run(handler, jobs(n, tokens), concurrency)
-    cpu = time.process_time() - cpu0
-    if engine_pid:
-        cpu += process_cpu(engine_pid) - eng0
-    return Round(wall, cpu, done)
+    client = time.process_time() - cpu0
+    eng = process_cpu(engine[0]) - eng0 if engine else 0.0
+    steps1, rows1 = decode_counts(url)
+    return Round(wall, client, eng, done, steps1 - steps0, rows1 - rows0)
 
 
 def spread(values: list[float]) -> str:
@@ -205,7 +237,11 @@ def main() -> int:
                 else:
                     b.append(
                         measured(
-                            bridge, args.jobs, args.max_new_tokens, args.concurrency, engine.pid
+                            bridge,
+                            args.jobs,
+                            args.max_new_tokens,
+                            args.concurrency,
+                            (engine.pid, url),
                         )
                     )
             wall_pct = (b[-1].wall / a[-1].wall - 1) * 100
@@ -213,7 +249,11 @@ def main() -> int:
             print(
                 f"round {r + 1} ({' '.join(order)}): a {a[-1].wall:7.2f} s {a[-1].cpu:7.2f} cpu-s"
                 f"  b {b[-1].wall:7.2f} s {b[-1].cpu:7.2f} cpu-s"
-                f"  wall {wall_pct:+.1f}%  cpu {cpu_pct:+.1f}%"
+                f" (client {b[-1].client:.2f} + engine {b[-1].engine:.2f})"
+                f"  wall {wall_pct:+.1f}%  cpu {cpu_pct:+.1f}%\n"
+                f"    decoding steps / mean batch: a {a[-1].steps} / {a[-1].batch():.2f}"
+                f"  b {b[-1].steps} / {b[-1].batch():.2f}",
+                flush=True,
             )
     finally:
         engine.terminate()
@@ -224,7 +264,12 @@ def main() -> int:
         print(
             f"  {name}: wall {spread([x.wall / n for x in rs])} s"
             f"  cpu {spread([x.cpu / n for x in rs])} s  {rs[-1].tokens} tokens"
+            f"  steps {spread([float(x.steps) for x in rs])}"
         )
+    print(
+        f"  b's cpu per job: client {spread([x.client / n for x in b])} s"
+        f"  engine {spread([x.engine / n for x in b])} s"
+    )
     walls = [(y.wall / x.wall - 1) * 100 for x, y in zip(a, b, strict=True)]
     cpus = [(y.cpu / x.cpu - 1) * 100 for x, y in zip(a, b, strict=True)]
     print(

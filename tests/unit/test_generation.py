@@ -382,3 +382,16 @@ def test_compute_seconds_split_steps_across_rows_and_sum_to_the_busy_time(
     # A job in more steps has more compute than one that left early.
     by_tokens = sorted(items, key=lambda i: i.input.max_new_tokens)  # type: ignore[attr-defined]
     assert by_tokens[-1].compute_seconds > by_tokens[0].compute_seconds > 0
+
+
+def test_decode_counts_are_steps_and_rows_decoded(handler: SmolLM2Handler) -> None:
+    from asyncinfer.models.engine.runner import COUNTS
+
+    items = [item(f"j{n}", max_new_tokens=3 + n) for n in range(3)]
+    steps, rows, prefills = COUNTS.steps, COUNTS.rows, COUNTS.prefills
+    source = run(handler, items, batch=3)
+    made = [r["usage"]["completion_tokens"] for r in source.results.values()]  # type: ignore[index]
+    # A prefill samples a job's first token; each decoding step one more for every row in it.
+    assert COUNTS.prefills - prefills == 3
+    assert COUNTS.rows - rows == sum(n - 1 for n in made)
+    assert COUNTS.steps - steps == max(made) - 1  # admitted together: one batch

@@ -40,6 +40,26 @@ from asyncinfer.models.engine.sampling import sample_batch, sample_token
 clock: Callable[[], float] = time.perf_counter
 
 
+@dataclass
+class DecodeCounts:
+    """Process-wide counts of the runners' work (``/metrics`` of ``serve-openai``, benchmarks):
+    a count never changes what the runner does.
+
+    Attributes:
+        steps: decoding steps run (one forward pass each, every row of the batch in it).
+        rows: rows decoded, summed over the steps (``rows / steps``: the mean batch size).
+        prefills: prefills run (one request each).
+    """
+
+    steps: int = 0
+    rows: int = 0
+    prefills: int = 0
+
+
+#: The counts of every :class:`BatchedDecoder` of this process.
+COUNTS = DecodeCounts()
+
+
 def _share(rows: list[Request], seconds: float) -> None:
     """Split ``seconds`` equally across ``rows``."""
     if rows:
@@ -150,6 +170,7 @@ class BatchedDecoder:
         sample its next token and add it as a row; returns that token. The time it takes is
         ``req``'s compute time, even when it raises (then no row is added)."""
         t0 = clock()
+        COUNTS.prefills += 1
         try:
             return self._add(req)
         finally:
@@ -239,6 +260,8 @@ class BatchedDecoder:
         if not self.rows:
             return []
         rows = list(self.rows)
+        COUNTS.steps += 1
+        COUNTS.rows += len(rows)
         t0 = clock()
         try:
             return self._step()

@@ -26,11 +26,13 @@ run beside the worker).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import queue
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -60,10 +62,25 @@ log = logging.getLogger("asyncinfer.models.openai_server")
 PROGRESS_INTERVAL = 1.0
 #: How often running jobs are checked for cancel, timeout and stop, seconds.
 WATCH_SECONDS = 0.05
+#: Longest wait for a result while the most jobs are in flight (a result ends it at once), s.
+FULL_WAIT_SECONDS = 1.0
+#: Longest wait for the end of a response after its ``data: [DONE]``, seconds.
+DRAIN_SECONDS = 1.0
 #: How often the engine's health and queue are read, seconds.
 POLL_SECONDS = 0.5
 #: The engine-queue gauges of the servers we know (summed over their label sets).
 QUEUE_GAUGES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "tgi_queue_size")
+
+
+async def _drain(lines: AsyncIterator[str]) -> None:
+    """Read what follows ``data: [DONE]`` (the end of the response) for at most
+    :data:`DRAIN_SECONDS`, so that the connection goes back to the pool for the next job (a
+    response closed before its end closes its connection: a new one per job, and a new thread
+    in a threaded engine). An engine that sends more, or nothing, is left to the close."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(DRAIN_SECONDS):
+            async for _ in lines:
+                pass
 
 
 class _Job:
@@ -236,11 +253,13 @@ class OpenAIServerHandler(ModelHandler):
             async with self._client.stream("POST", path, json=body, headers=headers) as resp:
                 if resp.status_code >= 400:
                     return error_of(resp.status_code, await resp.aread())
-                async for line in resp.aiter_lines():
+                lines = resp.aiter_lines()
+                async for line in lines:
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
+                        await _drain(lines)
                         break
                     failure = self._chunk(job, data)
                     if failure is not None:
@@ -363,8 +382,11 @@ class OpenAIServerHandler(ModelHandler):
                     active += len(items)
                     if items:
                         continue
+            # At capacity there is nothing to do but wait for a result (which wakes this at
+            # once): no periodic wake-up then, to leave the cores to a co-located engine.
+            wait = FULL_WAIT_SECONDS if active >= max_batch_size else 0.05 if active else 0.2
             try:
-                item, result = self._results.get(timeout=0.05 if active else 0.2)
+                item, result = self._results.get(timeout=wait)
             except queue.Empty:
                 continue
             source.finish(item, result)

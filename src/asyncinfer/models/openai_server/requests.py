@@ -9,6 +9,9 @@ each result to :meth:`RequestSource.finish`. The counts are vLLM's scheduler gau
 
 from __future__ import annotations
 
+import contextlib
+import select
+import socket
 import threading
 import time
 from collections import deque
@@ -18,9 +21,29 @@ from typing import Any
 from asyncinfer.models.base import Result, WorkItem
 
 
+def _wake_pair() -> tuple[socket.socket, socket.socket]:
+    """A connected, non-blocking socket pair: a byte written to the second wakes a ``select`` on
+    the first (and stays until read, so no wake is lost)."""
+    pair = socket.socketpair()
+    for end in pair:
+        end.setblocking(False)
+    return pair
+
+
+#: Most time an idle engine's take waits for the rest of a burst of requests, seconds.
+GATHER_SECONDS = 0.05
+#: Longest gap between two requests of one burst, seconds.
+GATHER_GAP_SECONDS = 0.01
+
+
 @dataclass
 class Request:
     """One HTTP request's job and what the handler reported for it.
+
+    The request's thread sleeps until something happens (:meth:`wait_for`): progress or the
+    result (the handler's thread writes a byte to the request's wake socket) or its client's
+    socket turning readable (a closed connection): no polling, so the request threads take no
+    CPU, and no core from the engine, between progress reports.
 
     Attributes:
         item: the work item the handler runs.
@@ -36,18 +59,65 @@ class Request:
     result: Result | None = None
     done: bool = False
     changed: threading.Condition = field(default_factory=threading.Condition)
+    _wake: tuple[socket.socket, socket.socket] | None = field(
+        default_factory=_wake_pair, repr=False
+    )
 
     def progress(self, tokens: int, partial: dict[str, Any]) -> None:
         """``on_progress`` of the item (the handler's thread)."""
         with self.changed:
             self.tokens, self.partial = tokens, partial
             self.changed.notify_all()
+        self._signal()
+
+    def settle(self, result: Result) -> None:
+        """Record the handler's result (``done``) and wake the request's thread."""
+        with self.changed:
+            self.result, self.done = result, True
+            self.changed.notify_all()
+        self._signal()
 
     def wait(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for progress or the result."""
         with self.changed:
             if not self.done:
                 self.changed.wait(timeout)
+
+    def wait_for(self, sock: socket.socket | None, timeout: float) -> bool:
+        """Sleep until progress or the result comes (one not yet waited for: none is missed),
+        ``sock`` is readable, or ``timeout`` seconds pass; ``True`` when ``sock`` is readable
+        (its peer closed it, or sent more)."""
+        with self.changed:
+            if self.done or self._wake is None:
+                return False
+            reader = self._wake[0]
+        watched = [reader] if sock is None else [reader, sock]
+        try:
+            readable, _, _ = select.select(watched, [], [], timeout)
+        except (OSError, ValueError):  # the client's socket closed under us
+            return True
+        if reader in readable:
+            try:
+                while reader.recv(4096):
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+        return sock is not None and sock in readable
+
+    def close(self) -> None:
+        """Close the wake socket (the request's thread is done with it)."""
+        with self.changed:
+            wake, self._wake = self._wake, None
+        for end in wake or ():
+            end.close()
+
+    def _signal(self) -> None:
+        with self.changed:
+            wake = self._wake
+        if wake is not None:
+            # BlockingIOError: a wake is pending anyway; closed: no one waits any more.
+            with contextlib.suppress(OSError):
+                wake[1].send(b"!")
 
 
 class RequestSource:
@@ -113,7 +183,15 @@ class RequestSource:
 
     def take(self, max_items: int, timeout: float) -> list[WorkItem]:
         """Up to ``max_items`` waiting requests' items, waiting up to ``timeout`` seconds for
-        the first."""
+        the first.
+
+        A caller that waits (``timeout > 0``: the engine is idle) and gets a first request also
+        gathers the burst it came in: while requests keep arriving less than
+        :data:`GATHER_GAP_SECONDS` apart (and at most :data:`GATHER_SECONDS` in all), up to
+        ``max_items``. Requests sent together (a client's concurrent jobs, which HTTP delivers
+        one by one) then start in one batch and decode in step, as the same jobs would in
+        process, instead of the first alone and the rest a step behind. A busy engine
+        (``timeout`` 0) takes what is there: it admits the others at its next step anyway."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while not self._waiting and not self._stopping:
@@ -121,6 +199,15 @@ class RequestSource:
                 if left <= 0:
                     return []
                 self._lock.wait(left)
+            if timeout > 0:
+                end = time.monotonic() + GATHER_SECONDS
+                while not self._stopping and len(self._waiting) < max_items:
+                    seen = len(self._waiting)
+                    left = end - time.monotonic()
+                    if left <= 0 or not self._lock.wait(min(left, GATHER_GAP_SECONDS)):
+                        break
+                    if len(self._waiting) == seen:  # woken by something else: no arrival
+                        break
             if self._stopping:
                 return []
             out: list[WorkItem] = []
@@ -134,8 +221,5 @@ class RequestSource:
     def finish(self, item: WorkItem, result: Result) -> None:
         with self._lock:
             req = self._running.pop(id(item), None)
-        if req is None:
-            return
-        with req.changed:
-            req.result, req.done = result, True
-            req.changed.notify_all()
+        if req is not None:
+            req.settle(result)
