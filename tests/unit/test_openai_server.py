@@ -247,6 +247,34 @@ def test_cancel_closes_the_stream_at_once_with_the_partial_text() -> None:
     wait_until(closed.is_set, 5)  # the engine saw its stream closed
 
 
+def test_a_cancel_after_done_keeps_the_whole_answer() -> None:
+    """``data: [DONE]`` came, then the engine holds the response open: the bridge reads on for
+    the connection's sake (``_drain``); a cancel then does not turn the finished job into a
+    cancelled one."""
+    done_sent = threading.Event()
+
+    async def done_then_hold() -> AsyncIterator[bytes]:
+        yield sse(delta("Paris", "stop"))
+        done_sent.set()
+        while True:
+            await asyncio.sleep(0.05)
+
+    engine = Engine(lambda _: done_then_hold())
+    h = handler_for(engine)
+    wait_until(h.ready)
+    it = item(8)
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.extend(h.predict([it])))
+    t.start()
+    wait_until(done_sent.is_set)
+    time.sleep(0.1)  # inside the drain
+    it.cancel_event.set()
+    t.join(5)
+    (res,) = out
+    assert isinstance(res, dict), res
+    assert res["text"] == "Paris" and res["finish_reason"] == "stop"
+
+
 def test_a_deadline_closes_the_stream_as_a_timeout() -> None:
     async def endless() -> AsyncIterator[bytes]:
         while True:

@@ -92,6 +92,9 @@ class _Job:
         self.tokens = 0
         self.usage: dict[str, Any] | None = None
         self.finish: str | None = None
+        #: ``data: [DONE]`` came: the answer is whole (a cancel while the rest of the response
+        #: is read, :func:`_drain`, no longer changes it).
+        self.ended = False
         self.last_progress = time.monotonic()
         self.task: asyncio.Task[None] | None = None
 
@@ -232,7 +235,9 @@ class OpenAIServerHandler(ModelHandler):
         try:
             result: Result = await self._request(job)
         except asyncio.CancelledError:
-            result = self._interrupted(job)
+            # Cancelled while draining an answer that is whole: the job succeeded.
+            ended = job.ended and job.finish is not None
+            result = job.output(finish_reason(job.finish)) if ended else self._interrupted(job)
         except Exception as exc:  # a bug here must not lose the job
             log.exception("job %s: engine request failed", job.item.job_id)
             result = TransientError(f"{type(exc).__name__}: {exc}"[:500])
@@ -259,6 +264,7 @@ class OpenAIServerHandler(ModelHandler):
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
+                        job.ended = True
                         await _drain(lines)
                         break
                     failure = self._chunk(job, data)
