@@ -327,3 +327,39 @@ def test_lines_begun_by_an_earlier_version_keep_their_jobs(
     items = {ln["job_id"]: ln for ln in store.lines(batch_id)}
     assert {c: items[line_key(batch_id, c)]["line_job"] for c in by_cid} == by_cid
     _finish_all_and_count(settings, batch_id, 4)
+
+
+def test_a_line_refused_after_a_crash_left_its_item_is_counted_failed(
+    api: ApiCaller, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncinfer.core.errors import InvalidRequest
+    from asyncinfer.jobs.service import JobService
+
+    batch_id = _create(api, settings, 3)
+    create_many = JobStore.create_many
+
+    def died(self: Any, records: Any) -> Any:
+        raise RuntimeError("died after the line items")
+
+    monkeypatch.setattr(JobStore, "create_many", died)
+    with pytest.raises(RuntimeError):
+        _expand(settings, batch_id)
+    monkeypatch.setattr(JobStore, "create_many", create_many)
+    prepare = JobService.prepare
+
+    def undeployed(self: Any, tenant: str, req: Any, job_id: Any = None) -> Any:
+        if req.metadata["custom_id"] == "c1":  # the model went away meanwhile
+            raise InvalidRequest("model 'echo' is not deployed here", [{"field": "model"}])
+        return prepare(self, tenant, req, job_id)
+
+    monkeypatch.setattr(JobService, "prepare", undeployed)
+    _expand(settings, batch_id)
+    monkeypatch.setattr(JobService, "prepare", prepare)
+    jobs = line_jobs(settings, TENANT)
+    assert sorted(json.loads(j["metadata"])["custom_id"] for j in jobs) == ["c0", "c2"]
+    for rec in jobs:
+        finish(settings, rec, echo_ok)
+    run_events(settings)
+    batch = BatchStore(settings).get(batch_id)
+    assert batch is not None and batch["status"] == "completed", batch
+    assert (batch["completed"], batch["failed"]) == (2, 1)

@@ -320,21 +320,37 @@ class BatchStore:
             todo.append((int(ln["idx"]), status == "succeeded"))
         return self.counts.add(record, todo)
 
-    def count_refused(self, record: dict[str, Any], custom_id: str, error: dict[str, str]) -> bool:
+    def count_refused(
+        self,
+        record: dict[str, Any],
+        custom_id: str,
+        error: dict[str, str],
+        *,
+        unmade: str | None = None,
+    ) -> bool:
         """Count a line whose job could not be made (``error`` ``{"code", "message"}``, kept on
-        the line for the error file) as ``failed``, once; returns whether it counted now."""
+        the line for the error file) as ``failed``, once; returns whether it counted now.
+        ``unmade``: the job id the line's item names although that job was never made (a run
+        that died between the items and the records), removed from it."""
         batch_id = record["job_id"]
+        values = {
+            ":ec": {"S": error["code"]},
+            ":em": {"S": error["message"]},
+            ":b": {"S": batch_id},
+        }
+        cond = "batch_of = :b AND attribute_not_exists(line_job)"
+        expr = "SET error_code = :ec, error_message = :em"
+        if unmade is not None:
+            cond = "batch_of = :b AND (attribute_not_exists(line_job) OR line_job = :j)"
+            expr += " REMOVE line_job"
+            values[":j"] = {"S": unmade}
         try:
             resp = self.ddb.update_item(
                 TableName=self.table,
                 Key={"job_id": {"S": line_key(batch_id, custom_id)}},
-                UpdateExpression="SET error_code = :ec, error_message = :em",
-                ConditionExpression="batch_of = :b AND attribute_not_exists(line_job)",
-                ExpressionAttributeValues={
-                    ":ec": {"S": error["code"]},
-                    ":em": {"S": error["message"]},
-                    ":b": {"S": batch_id},
-                },
+                UpdateExpression=expr,
+                ConditionExpression=cond,
+                ExpressionAttributeValues=values,
                 ReturnValues="ALL_NEW",
             )
         except ClientError as exc:

@@ -8,7 +8,8 @@ For a group (at most :data:`~.expansion.GROUP_LINES` lines, a TransactWriteItems
    valid, size limits, an input over the inline limit given its S3 copy) with its **derived
    id** (:func:`line_job_id`: the batch id and ``custom_id``), before anything is written; a
    line the service refuses (:class:`ApiError`) is counted ``failed`` with the API's error,
-   as before;
+   as before (one whose item a run that died wrote with a job id it never made has that id
+   taken off);
 3. the items of lines not there yet are written, each with its job id (BatchWriteItem, 25 a
    call), before the jobs exist, so that the counter knows a line when its job's event comes;
    an item that is there (a re-run) is never written again, so its ``error_code`` or the
@@ -81,7 +82,7 @@ class LineJobs:
         made: list[str] = []
         jobs: list[Prepared] = []
         new_items: list[tuple[str, int, int, str | None]] = []
-        refused: list[tuple[str, ApiError]] = []
+        refused: list[tuple[str, ApiError, str | None]] = []
         legacy: list[list[Any]] = []
         for idx, entry in group:
             number, custom_id, model, data = entry
@@ -105,14 +106,18 @@ class LineJobs:
             except ApiError as exc:  # refused now (e.g. the model is no longer deployed)
                 if item is None:
                     new_items.append((custom_id, idx, number, None))
-                refused.append((custom_id, exc))
+                elif self.jobs.store.get(job_id) is not None:  # made before the refusal
+                    made.append(job_id)
+                    continue
+                refused.append((custom_id, exc, None if item is None else job_id))
                 continue
             if item is None:
                 new_items.append((custom_id, idx, number, job_id))
         # The items exist before their jobs can end (the counter needs them).
         self.store.line_items.put(batch_id, new_items, ttl=ttl_epoch)
-        for custom_id, err in refused:
-            self.store.count_refused(record, custom_id, {"code": err.code, "message": err.message})
+        for custom_id, err, unmade in refused:
+            error = {"code": err.code, "message": err.message}
+            self.store.count_refused(record, custom_id, error, unmade=unmade)
         for entry in legacy:
             result = self.submit_line(record, priority, ttl, entry)
             if isinstance(result, BaseException):
