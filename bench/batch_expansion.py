@@ -3,7 +3,7 @@ not a test.
 
 A chat batch of ``--lines`` lines (default 50,000) for the ``echo`` model, on a moto server (the
 local stack's emulator, a process of its own) or with ``--inprocess`` on moto in this process
-(with the emulator's DynamoDB patches, :mod:`asyncinfer.local.emulator`):
+(with the emulator's DynamoDB and SQS patches, :mod:`asyncinfer.local.emulator`):
 
 1. create: the file uploaded, ``POST /batches`` through :class:`BatchService`;
 2. expand: the batch queue fed to the expander's Lambda handler, one message per invocation as
@@ -84,9 +84,10 @@ class Env:
         if inprocess:
             from moto import mock_aws
 
-            from asyncinfer.local.emulator import patch_dynamodb
+            from asyncinfer.local.emulator import patch_dynamodb, patch_sqs_sends
 
             patch_dynamodb()
+            patch_sqs_sends()
             self.mock = mock_aws()
             self.mock.start()
             base = Settings(region="us-east-1")

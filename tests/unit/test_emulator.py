@@ -88,3 +88,40 @@ def test_cancelled_transaction_rolls_back_every_table(ddb: Any) -> None:
     # The next call works on the restored tables as usual.
     ddb.transact_write_items(TransactItems=[_update("jobs", 1)])
     assert _progress(ddb, "jobs")["j1"] == "1"
+
+
+def test_a_send_to_a_standard_queue_does_not_count_its_messages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from moto.sqs.models import Queue
+
+    from asyncinfer.local.emulator import patch_sqs_sends
+
+    assert patch_sqs_sends()
+    assert patch_sqs_sends()  # idempotent
+    counted: list[int] = []
+    real = Queue.approximate_number_of_messages
+
+    def counting(self: Any) -> int:
+        counted.append(1)
+        return int(real.fget(self))  # type: ignore[misc]
+
+    monkeypatch.setattr(Queue, "approximate_number_of_messages", property(counting))
+    with mock_aws():
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        url = sqs.create_queue(QueueName="q")["QueueUrl"]
+        fifo = sqs.create_queue(
+            QueueName="q.fifo",
+            Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true"},
+        )["QueueUrl"]
+        entries = [{"Id": str(n), "MessageBody": f"m{n}", "MessageGroupId": "g"} for n in range(10)]
+        sqs.send_message_batch(QueueUrl=url, Entries=entries)
+        sqs.send_message(QueueUrl=url, MessageBody="one")
+        assert counted == []  # no walk over the queue per message sent
+        attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        assert attrs["ApproximateNumberOfMessages"] == "11" and counted
+        # A FIFO queue still dedupes on content (its send reads the whole attributes).
+        for _ in range(2):
+            sqs.send_message(QueueUrl=fifo, MessageBody="same", MessageGroupId="g")
+        got = sqs.receive_message(QueueUrl=fifo, MaxNumberOfMessages=10)["Messages"]
+        assert [m["Body"] for m in got] == ["same"]

@@ -14,6 +14,7 @@ from asyncinfer.jobs.events import event_for
 from asyncinfer.openai_api import finalize
 from asyncinfer.openai_api.batch_counts import LineCounts
 from asyncinfer.openai_api.batch_store import BatchStore
+from asyncinfer.openai_api.line_jobs import LineJobs
 from tests.conftest import ApiCaller
 from tests.unit.batch_helpers import chat_line, echo_ok, finish, line_jobs, run_batch_queue, upload
 
@@ -99,22 +100,24 @@ def test_a_chunk_slower_than_the_reserve_leaves_its_late_lines_to_the_next_invoc
     expander = expansion.Expander(settings)
     record = expander.validate(store.get(out["id"]) or {})
     assert record is not None
-    # Each submit takes 4 s of a fake clock, one line at a time: the deadline is 1 s away, so the
-    # third line begins 8 s past it and the fourth 12 s past it (LATE_SECONDS is 10).
+    # Each submit takes 4 s of a fake clock, one line at a time (groups of one line, one
+    # thread): the deadline is 1 s away, so the third line begins 8 s past it and the fourth
+    # 12 s past it (LATE_SECONDS is 10).
     clock, real = [1000.0], time.monotonic
     monkeypatch.setattr(expansion.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(expansion, "SUBMIT_THREADS", 1)
-    submit = expansion.Expander._submit_line
+    monkeypatch.setattr(expansion, "GROUP_THREADS", 1)
+    monkeypatch.setattr(expansion, "GROUP_LINES", 1)
+    submit = LineJobs.submit_group
 
     def slow(self: Any, *a: Any) -> Any:
         clock[0] += 4
         return submit(self, *a)
 
-    monkeypatch.setattr(expansion.Expander, "_submit_line", slow)
+    monkeypatch.setattr(LineJobs, "submit_group", slow)
     expander.expand(record, clock[0] + 1)
     assert len(line_jobs(settings, TENANT)) == 3
     assert (store.get(out["id"]) or {})["next_line"] == 3  # the next invocation goes on there
-    monkeypatch.setattr(expansion.Expander, "_submit_line", submit)
+    monkeypatch.setattr(LineJobs, "submit_group", submit)
     monkeypatch.setattr(expansion.time, "monotonic", real)
     assert run_batch_queue(settings) >= 1  # the handed-on "expand" runs it again, and the rest
     jobs = line_jobs(settings, TENANT)

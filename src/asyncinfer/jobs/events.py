@@ -95,18 +95,20 @@ class EventPublisher:
         self.sns.publish(TopicArn=self.settings.topic_arn, **self._entry(record))
         self._cleared(record, keys)
 
-    def publish_many(self, records: list[JobRecord]) -> None:
+    def publish_many(self, records: list[JobRecord], *, clear: bool = True) -> None:
         """Publish the events of ``records`` with PublishBatch: up to 10 entries and 256 KiB a
         call (SNS API reference, "PublishBatch"), then remove them from their records'
-        outboxes. Raises if SNS refuses any entry (nothing is cleared then)."""
+        outboxes (``clear=False``: the caller does, as the bulk submit's confirm). Raises if
+        SNS refuses any entry (nothing is cleared then)."""
         entries = [self._entry(r) for r in records]
         sizes = [_entry_size(e) for e in entries]
         for batch in chunked(
             entries, sizes, max_items=PUBLISH_BATCH_MAX, max_bytes=PUBLISH_BATCH_BYTES
         ):
             self._publish_batch(batch)
-        for record in records:
-            self._cleared(record)
+        if clear:
+            for record in records:
+                self._cleared(record)
 
     def _publish_batch(self, batch: list[dict[str, Any]]) -> None:
         if len(batch) == 1:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -47,9 +48,23 @@ from asyncinfer.models.registry import MODELS, get_spec, validate_input
 from asyncinfer.scaling.wake import wake_on_submit
 from asyncinfer.webhooks.urls import check_url
 
-__all__ = ["IDEMPOTENCY_SECONDS", "JobService"]
+__all__ = ["IDEMPOTENCY_SECONDS", "JobService", "Prepared"]
 
 log = logging.getLogger("asyncinfer.jobs")
+
+
+@dataclass
+class Prepared:
+    """A job checked and built, not yet written (:meth:`JobService.prepare`): its ``record``,
+    its inline input serialized (``body``, bytes; ``None`` without an inline input; stored in S3
+    when ``record`` has an ``input_ref`` of this service's bucket), its SQS message body
+    ``text``, the ``queue_url`` and the tenant's message ``group``."""
+
+    record: JobRecord
+    body: bytes | None
+    text: str
+    queue_url: str
+    group: str
 
 
 class JobService:
@@ -100,6 +115,44 @@ class JobService:
                 with it is still in progress.
             InternalError: the record or the message could not be written (nothing was kept).
         """
+        p = self.prepare(tenant, req)
+        record, body, text, queue_url = p.record, p.body, p.text, p.queue_url
+        job_id = record["job_id"]
+
+        if idempotency_key is not None:
+            digest = body_hash(req.model_dump(mode="json"))
+            existing = self.keys.claim(tenant, idempotency_key, digest, job_id)
+            if existing is not None:
+                return render_job(existing, self.payloads), False
+        try:
+            self._write(record, body, text, queue_url, p.group)
+        except BaseException:
+            if idempotency_key is not None:
+                self.keys.release(tenant, idempotency_key, job_id)
+            raise
+        # The job is accepted and will run: a failure from here on is logged, never a 500 (the
+        # client would submit the job twice). A claim left undone still returns this job: its
+        # record shows the submit finished (asyncinfer.jobs.idempotency).
+        if idempotency_key is not None:
+            try:
+                self.keys.complete(tenant, idempotency_key, job_id)
+            except Exception:
+                log.exception("could not mark the idempotency key of %s done", job_id)
+        self._publish(record)
+        wake_on_submit(self.settings.scaling, req.model)  # 0 -> 1 at once; cached, never raises
+        return render_job(record, self.payloads), True
+
+    def prepare(self, tenant: str, req: JobRequest, job_id: str | None = None) -> Prepared:
+        """Check ``req`` as :meth:`submit` does and build the job's record and message body,
+        writing nothing (``job_id``: the id to give the job; default a new one). Shared by
+        :meth:`submit` and the bulk submit of batch lines (:mod:`asyncinfer.jobs.bulk`).
+
+        Raises:
+            InvalidRequest: unknown or undeployed model, input invalid for the model or past the
+                JSON limits, a webhook URL that breaks the rules, an input_url the tenant may
+                not use.
+            PayloadTooLarge: an inline input over ``max_input_bytes``.
+        """
         spec = get_spec(req.model)
         if req.model not in self.settings.models:
             raise InvalidRequest(
@@ -116,7 +169,7 @@ class JobService:
             check_url(req.webhook.url, local_mode=self.settings.local_mode)
         queue_url = self.settings.queue_url(req.model, req.priority)
 
-        job_id = new_job_id()
+        job_id = job_id or new_job_id()
         record, message = self._build(tenant, req, job_id)
         if body is not None and len(body) <= self.settings.inline_input_limit_bytes:
             message.input = req.input
@@ -130,29 +183,7 @@ class JobService:
         elif req.input_url is not None:
             record["input_ref"] = message.input_ref = req.input_url
             text = message.dumps()
-
-        if idempotency_key is not None:
-            digest = body_hash(req.model_dump(mode="json"))
-            existing = self.keys.claim(tenant, idempotency_key, digest, job_id)
-            if existing is not None:
-                return render_job(existing, self.payloads), False
-        try:
-            self._write(record, body, text, queue_url, message.group_id)
-        except BaseException:
-            if idempotency_key is not None:
-                self.keys.release(tenant, idempotency_key, job_id)
-            raise
-        # The job is accepted and will run: a failure from here on is logged, never a 500 (the
-        # client would submit the job twice). A claim left undone still returns this job: its
-        # record shows the submit finished (asyncinfer.jobs.idempotency).
-        if idempotency_key is not None:
-            try:
-                self.keys.complete(tenant, idempotency_key, job_id)
-            except Exception:
-                log.exception("could not mark the idempotency key of %s done", job_id)
-        self._publish(record)
-        wake_on_submit(self.settings.scaling, req.model)  # 0 -> 1 at once; cached, never raises
-        return render_job(record, self.payloads), True
+        return Prepared(record, body, text, queue_url, message.group_id)
 
     def _publish(self, record: JobRecord) -> None:
         """Publish the event of a transition this service wrote. A failure is logged, never

@@ -1,12 +1,13 @@
-"""Batched job writes: several jobs' transitions in TransactWriteItems calls, and the lease and
-progress writes of running jobs (:class:`BatchWriter`, a base of
+"""Batched job writes: several jobs' transitions in TransactWriteItems calls, the lease and
+progress writes of running jobs, and the record puts and confirms of the bulk submit
+(:mod:`asyncinfer.jobs.bulk`) (:class:`BatchWriter`, a base of
 :class:`~asyncinfer.jobs.store.JobStore`). Each item keeps the condition it has alone
 (:mod:`asyncinfer.jobs.transitions`)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from botocore.exceptions import ClientError
@@ -16,10 +17,15 @@ from asyncinfer.core.chunks import chunked
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.jobs.record import (
     LEASE_FIELD,
+    OUTBOX_FIELD,
+    OUTBOX_MARK_FIELD,
+    OUTBOX_SINCE_FIELD,
+    JobRecord,
     _ser,
     _to_ddb,
     record_from_item,
     refused_record,
+    to_item,
 )
 from asyncinfer.jobs.update import Transition, TransitionOutcome, _refused, _update_params
 from asyncinfer.jobs.writer import TransitionWriter
@@ -233,6 +239,109 @@ class BatchWriter(TransitionWriter):
             job_id, status=status, attempts=attempts, set_fields=fields, unless=unless
         )
 
+    # ------------------------------------------------------------------ bulk submit
+    def create_many(self, records: list[JobRecord]) -> set[str]:
+        """Put new job records (each conditional on ``attribute_not_exists(job_id)``, as
+        :meth:`create`) in TransactWriteItems calls of up to 100 puts (and
+        :data:`TRANSACT_BUDGET_BYTES`); returns the ids that were not put because a record
+        with that id exists (or may: see below). A transaction is all or nothing: one cancelled
+        because some exist (``CancellationReasons``) is sent again without them
+        (:meth:`_transact_rounds`); what is left after that, or after a call that failed
+        otherwise (its answer lost), is put one by one (PutItem), and a record such a call did
+        commit then shows as existing, which the caller reads back.
+
+        Raises:
+            ClientError: a put failed otherwise (the caller runs the submit again).
+        """
+        existing: set[str] = set()
+        sizes = [len(json.dumps(r, default=str)) + 512 for r in records]
+        for chunk in _transaction_chunks(records, sizes):
+            refused, left = self._transact_rounds(
+                chunk,
+                lambda r: {
+                    "Put": {
+                        "TableName": self.table,
+                        "Item": to_item(r),
+                        "ConditionExpression": "attribute_not_exists(job_id)",
+                    }
+                },
+            )
+            existing.update(r["job_id"] for r in refused)
+            for r in left:  # one by one: which exist
+                try:
+                    self.create(r)  # type: ignore[attr-defined]
+                except ClientError as exc:
+                    if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                        raise
+                    existing.add(r["job_id"])
+        return existing
+
+    def confirm_many(self, confirms: list[tuple[str, int, str | None]]) -> None:
+        """End the submit of several jobs once their messages are sent, as
+        :meth:`confirm_submitted` does for one, in TransactWriteItems calls of up to 100
+        updates. Each of ``confirms`` is ``(job_id, expires_epoch, published)``: with
+        ``published`` (the outbox key of its ``job.queued``, published already) the same write
+        removes the outbox, on the condition that this key is its only pending event (as
+        :func:`asyncinfer.jobs.outbox.clear` does first). The updates a transaction's
+        cancellation names as refused (a worker started the job and added its ``job.started``
+        key) are written alone, :meth:`confirm_submitted` then
+        :func:`~asyncinfer.jobs.outbox.clear` (which takes out only ``job.queued``); the others
+        are sent again in a transaction (:meth:`_transact_rounds`).
+
+        Raises:
+            ClientError: a confirm failed (the caller runs the submit again).
+        """
+        from asyncinfer.jobs import outbox
+
+        for chunk in _transaction_chunks(confirms, [256] * len(confirms)):
+            refused, left = self._transact_rounds(chunk, lambda c: self._confirm_item(*c))
+            for job_id, expires_epoch, key in refused + left:
+                self.confirm_submitted(job_id, expires_epoch)  # type: ignore[attr-defined]
+                if key is not None:
+                    outbox.clear(self, job_id, [key])  # type: ignore[arg-type]
+
+    def _transact_rounds(
+        self, chunk: list[T], build: Callable[[T], dict[str, Any]]
+    ) -> tuple[list[T], list[T]]:
+        """Write ``chunk`` (one TransactWriteItems call's worth; ``build`` makes an entry's
+        action) all together: a cancelled call is sent again without the entries it names as
+        ``ConditionalCheckFailed``, up to :data:`TRANSACT_ROUNDS` calls. Returns ``(refused,
+        left)``: the entries refused, and those not written (a lone entry, a call that failed
+        otherwise, rounds spent), which the caller writes alone."""
+        refused: list[T] = []
+        todo = chunk
+        for _ in range(TRANSACT_ROUNDS):
+            if len(todo) <= 1:
+                break
+            try:
+                reasons = self._send_transaction([build(e) for e in todo])
+            except ClientError:
+                break
+            if not reasons:
+                return refused, []
+            refused += [e for e, r in zip(todo, reasons, strict=True) if _failed(r)]
+            todo = [e for e, r in zip(todo, reasons, strict=True) if not _failed(r)]
+        return refused, todo
+
+    def _confirm_item(self, job_id: str, expires_epoch: int, key: str | None) -> dict[str, Any]:
+        update: dict[str, Any] = {
+            "TableName": self.table,
+            "Key": {"job_id": {"S": job_id}},
+            "UpdateExpression": "SET expires_epoch = :e REMOVE submitting_until",
+            "ConditionExpression": "attribute_exists(job_id)",
+            "ExpressionAttributeValues": {":e": {"N": str(expires_epoch)}},
+        }
+        if key is not None:
+            update["UpdateExpression"] += ", #ob, #obm, #obs"
+            update["ConditionExpression"] += " AND size(#ob) = :one AND contains(#ob, :k)"
+            update["ExpressionAttributeNames"] = {
+                "#ob": OUTBOX_FIELD,
+                "#obm": OUTBOX_MARK_FIELD,
+                "#obs": OUTBOX_SINCE_FIELD,
+            }
+            update["ExpressionAttributeValues"].update({":one": {"N": "1"}, ":k": {"S": key}})
+        return {"Update": update}
+
 
 #: TransactWriteItems: at most 100 actions a call (DynamoDB API Reference, "TransactWriteItems").
 TRANSACT_MAX_ITEMS = 100
@@ -244,6 +353,11 @@ TRANSACT_BUDGET_BYTES = 3 * 1024 * 1024
 ITEM_BASE_BYTES = 6 * 1024
 #: Calls :meth:`JobStore.transition_many` makes before it writes what is left one by one.
 TRANSACT_ROUNDS = 3
+
+
+def _failed(reason: dict[str, Any]) -> bool:
+    """Whether a cancellation reason names its action's condition as failed."""
+    return reason.get("Code") == "ConditionalCheckFailed"
 
 
 def _transaction_chunks(items: list[T], sizes: list[int]) -> list[list[T]]:

@@ -17,7 +17,8 @@ these items never join):
 * a line: ``job_id`` = ``bline#<batch id>#<digest of custom_id>`` (:func:`line_key`),
   ``tenant`` = ``blines#<batch id>`` (the GSI lists a batch's lines), ``batch_of``,
   ``custom_id``, ``line`` (N, 1-based line number of the input file), ``idx`` (N, 0-based among
-  the file's requests), ``ttl`` (the batch's), ``line_job`` (the job id, once submitted) and, for
+  the file's requests), ``ttl`` (the batch's), ``line_job`` (the job id: written with the item,
+  before the job, since the ids are derived; earlier versions set it once submitted) and, for
   a line whose job could not be made, ``error_code`` / ``error_message``;
 * a chunk's counter (:mod:`.batch_counts`): ``job_id`` = ``bcount#<batch id>#<k>``, the
   ``completed`` / ``failed`` counts of the chunk's lines and the set of their indexes counted,
@@ -46,6 +47,7 @@ from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.core.settings_needs import TableConfig
 from asyncinfer.jobs.store import TENANT_INDEX, from_item, to_item
 from asyncinfer.openai_api.batch_counts import LineCounts
+from asyncinfer.openai_api.batch_lines import LineItems
 
 VALIDATING, FAILED, IN_PROGRESS, FINALIZING = "validating", "failed", "in_progress", "finalizing"
 COMPLETED, EXPIRED, CANCELLING, CANCELLED = "completed", "expired", "cancelling", "cancelled"
@@ -85,6 +87,8 @@ class BatchStore:
         self.table = settings.table_name
         self.ddb = clients.client("dynamodb", settings)
         self.counts = LineCounts(self.ddb, self.table)
+        #: Line items a chunk at a time (the bulk expansion): :mod:`.batch_lines`.
+        self.line_items = LineItems(self.ddb, self.table, line_key, lines_partition)
 
     # ------------------------------------------------------------------ batch records
     def create(self, record: dict[str, Any]) -> None:
@@ -316,21 +320,37 @@ class BatchStore:
             todo.append((int(ln["idx"]), status == "succeeded"))
         return self.counts.add(record, todo)
 
-    def count_refused(self, record: dict[str, Any], custom_id: str, error: dict[str, str]) -> bool:
+    def count_refused(
+        self,
+        record: dict[str, Any],
+        custom_id: str,
+        error: dict[str, str],
+        *,
+        unmade: str | None = None,
+    ) -> bool:
         """Count a line whose job could not be made (``error`` ``{"code", "message"}``, kept on
-        the line for the error file) as ``failed``, once; returns whether it counted now."""
+        the line for the error file) as ``failed``, once; returns whether it counted now.
+        ``unmade``: the job id the line's item names although that job was never made (a run
+        that died between the items and the records), removed from it."""
         batch_id = record["job_id"]
+        values = {
+            ":ec": {"S": error["code"]},
+            ":em": {"S": error["message"]},
+            ":b": {"S": batch_id},
+        }
+        cond = "batch_of = :b AND attribute_not_exists(line_job)"
+        expr = "SET error_code = :ec, error_message = :em"
+        if unmade is not None:
+            cond = "batch_of = :b AND (attribute_not_exists(line_job) OR line_job = :j)"
+            expr += " REMOVE line_job"
+            values[":j"] = {"S": unmade}
         try:
             resp = self.ddb.update_item(
                 TableName=self.table,
                 Key={"job_id": {"S": line_key(batch_id, custom_id)}},
-                UpdateExpression="SET error_code = :ec, error_message = :em",
-                ConditionExpression="batch_of = :b AND attribute_not_exists(line_job)",
-                ExpressionAttributeValues={
-                    ":ec": {"S": error["code"]},
-                    ":em": {"S": error["message"]},
-                    ":b": {"S": batch_id},
-                },
+                UpdateExpression=expr,
+                ConditionExpression=cond,
+                ExpressionAttributeValues=values,
                 ReturnValues="ALL_NEW",
             )
         except ClientError as exc:

@@ -4,24 +4,20 @@ fed by :mod:`asyncinfer.local.event_source`). Messages ``{"op", "batch_id"}``:
 * ``expand``: a ``validating`` batch's file is read and validated whole (:mod:`.validation`):
   any bad line -> ``failed`` with ``errors.data`` naming the lines; else its requests are stored
   in chunks (:mod:`.chunks`), ``total`` set, and the batch is ``in_progress``. Then chunks are
-  turned into jobs through :meth:`JobService.submit` until the invocation's time budget is spent,
-  and the rest is enqueued again (``expand``), so 50,000 lines never meet an API or Lambda
-  timeout. Each line's job has the idempotency key ``<batch id>:<digest of custom_id>``, so a
-  re-run of a chunk (a crash, a duplicate message) returns the jobs it made instead of new ones;
-  ``next_line`` on the batch moves on only after a chunk (conditional on where it was). A chunk's
-  lines that would begin more than :data:`LATE_SECONDS` past the invocation's deadline are left
-  to the next invocation (``next_line`` moves to the first of them; the next invocation goes on
-  from there), so a slow chunk cannot run the invocation past the function's timeout (before,
-  the deadline was looked at only between chunks).
+  turned into jobs until the invocation's time budget is spent, and the rest is enqueued again
+  (``expand``), so 50,000 lines never meet an API or Lambda timeout. A chunk is cut into groups
+  of :data:`GROUP_LINES` lines, :data:`GROUP_THREADS` side by side, each made in bulk by
+  :class:`~.line_jobs.LineJobs` (line items, then records, messages, ``job.queued`` and
+  confirms a few AWS requests per hundred lines: about 0.3 a line amortised instead of the
+  9 a line of :meth:`JobService.submit`; ``bench/batch_expansion.py`` prints them). Each line's
+  job id is derived from the batch id and its ``custom_id``, so a re-run of a chunk (a crash, a
+  duplicate message) finds the jobs it made and makes only the missing ones; ``next_line`` on
+  the batch moves on only after a chunk (conditional on where it was). A chunk's groups that
+  would begin more than :data:`LATE_SECONDS` past the invocation's deadline are left to the next
+  invocation (``next_line`` moves to the first of their lines; the next invocation goes on from
+  there), so a slow chunk cannot run the invocation past the function's timeout.
   Jobs run at the batch's priority, ``metadata`` ``batch_id`` and ``custom_id``, with the
-  window as their TTL (the same body on every run; the window's end cancels what is left).
-  Each of the chunk's threads writes its line's item and then submits the line's job (the item
-  must exist before the job can end: the counter reads it); the items used to be written one
-  after another for the whole chunk before any submit, which on the emulator (moto server,
-  about 6 ms of its CPU a request on a busy 2-core machine) held every submit back by the
-  chunk's 500 sequential writes. Per line this is 9 AWS requests (the line item, the job's
-  submit: key claim, record, message, confirmation, key done, ``job.queued`` and its outbox
-  removal, then the line's job id); ``bench/batch_expansion.py`` prints them.
+  window as their TTL (the window's end cancels what is left).
 * ``end``: a batch being ended early (``ending`` set: ``cancelled`` by the client, ``expired`` by
   ``check``) stops expanding and its lines not finished are cancelled through
   :meth:`JobService.cancel` (running ones stop at their next step); the last one's event
@@ -34,7 +30,6 @@ fed by :mod:`asyncinfer.local.event_source`). Messages ``{"op", "batch_id"}``:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import time
@@ -43,10 +38,9 @@ from functools import lru_cache
 from typing import Any
 
 from asyncinfer.aws import clients
-from asyncinfer.core.errors import ApiError, Conflict, InternalError, NotFound, TransitionRefused
+from asyncinfer.core.errors import Conflict, NotFound, TransitionRefused
 from asyncinfer.core.settings import get_settings
 from asyncinfer.core.settings_parts import OpenAISettings
-from asyncinfer.functions.api.schemas import JobRequest
 from asyncinfer.jobs.service import JobService
 from asyncinfer.openai_api import batch_store as bs
 from asyncinfer.openai_api.batch_events import publish_batch_event
@@ -55,12 +49,20 @@ from asyncinfer.openai_api.batches import enqueue
 from asyncinfer.openai_api.chunks import read_chunk, write_chunks
 from asyncinfer.openai_api.files import FileStore
 from asyncinfer.openai_api.finalize import finalize, maybe_finalize
+from asyncinfer.openai_api.line_jobs import LineJobs, idempotency_key, line_job_id
 from asyncinfer.openai_api.validation import MAX_FILE_BYTES, validate_file
 
 log = logging.getLogger("asyncinfer.openai.expansion")
 
-#: Lines of a chunk submitted side by side (boto3 clients are thread-safe).
+__all__ = ["Expander", "handler", "idempotency_key", "line_job_id"]
+
+#: Jobs cancelled side by side (boto3 clients are thread-safe).
 SUBMIT_THREADS = 16
+#: Lines submitted together (:class:`BulkSubmitter`: one transaction of their records, one of
+#: their confirms): TransactWriteItems' 100 actions.
+GROUP_LINES = 100
+#: Groups of a chunk submitted side by side.
+GROUP_THREADS = 4
 #: Seconds of an invocation kept back from expanding (writes, the next message).
 RESERVE_SECONDS = 30.0
 #: Seconds after the deadline within which a chunk's lines may still begin; later ones wait for
@@ -76,11 +78,6 @@ FINALIZE_STALE_SECONDS = 900
 ENDING_CHECK_SECONDS = 30
 
 
-def idempotency_key(batch_id: str, custom_id: str) -> str:
-    """The ``Idempotency-Key`` of a line's job (api.md: 1..255 characters)."""
-    return f"{batch_id}:{hashlib.sha256(custom_id.encode()).hexdigest()[:40]}"
-
-
 class Expander:
     """Runs the batch queue's operations (see the module's docstring)."""
 
@@ -88,6 +85,7 @@ class Expander:
         self.settings = settings
         self.store = BatchStore(settings)
         self.jobs = jobs or JobService(settings.api)
+        self.lines = LineJobs(self.store, self.jobs)
         self.sqs = clients.client("sqs", settings)
         self.files = FileStore(clients.client("s3", settings), settings.bucket)
         #: ``time.monotonic()`` time by which the current operation stops (see :meth:`handle`).
@@ -189,67 +187,42 @@ class Expander:
         # digest) must be the same when a chunk is run again; the window's end cancels the rest.
         ttl = max(10, min(259200, int(record["expires_at"]) - int(record["created_at"])))
         priority = str(record.get("priority", "low"))
-        with ThreadPoolExecutor(max_workers=SUBMIT_THREADS) as pool:
+        groups = [todo[i : i + GROUP_LINES] for i in range(0, len(todo), GROUP_LINES)]
+        with ThreadPoolExecutor(max_workers=GROUP_THREADS) as pool:
             results = list(
-                pool.map(lambda e: self._line(record, priority, ttl, ttl_epoch, *e), todo)
+                pool.map(lambda g: self._group(record, priority, ttl, ttl_epoch, g), groups)
             )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:  # the chunk is run again later, idempotently
             raise errors[0]
-        late = [idx for (idx, _), r in zip(todo, results, strict=True) if r is _LATE]
-        made = [r for r in results if isinstance(r, str)]
-        # Out of time: the lines before the first late one have their jobs (the pool begins the
-        # lines in order, so the late ones are the last); the next invocation goes on from it.
+        late = [g[0][0] for g, r in zip(groups, results, strict=True) if r is _LATE]
+        made = [j for r in results if isinstance(r, list) for j in r]
+        # Out of time: the lines before the first late group have their jobs (the pool begins
+        # the groups in order, so the late ones are the last); the next invocation goes on there.
         self.store.advance(batch_id, start, min(late) if late else k * size + len(chunk))
         current = self.store.get(batch_id) or record
         if current.get("ending"):
             self._cancel_jobs(tenant, made)
         return current
 
-    def _line(
-        self, record: dict[str, Any], priority: str, ttl: int, ttl_epoch: int, idx: int, entry: Any
-    ) -> str | BaseException | object | None:
-        """Record a line's item, then submit its job (:meth:`_submit_line`), in one of the
-        chunk's threads: the item exists before its job can end (the counter needs it), and the
-        chunk's line writes go side by side instead of one after another before the submits.
-        :data:`_LATE` (nothing written) once :data:`LATE_SECONDS` past the deadline."""
+    def _group(
+        self,
+        record: dict[str, Any],
+        priority: str,
+        ttl: int,
+        ttl_epoch: int,
+        group: list[tuple[int, list[Any]]],
+    ) -> list[str] | BaseException | object:
+        """Turn ``group`` (``(index, chunk entry)``: :data:`GROUP_LINES` lines) into jobs, in
+        one of the chunk's threads: returns the ids of its lines' jobs, the exception that must
+        make the chunk run again, or :data:`_LATE` (nothing written) once
+        :data:`LATE_SECONDS` past the deadline."""
         if time.monotonic() >= self.deadline + LATE_SECONDS:
             return _LATE
         try:
-            self.store.put_lines(record["job_id"], [(entry[1], idx, entry[0])], ttl=ttl_epoch)
+            return self.lines.submit_group(record, priority, ttl, ttl_epoch, group)
         except Exception as exc:  # an AWS error: retried with the chunk
             return exc
-        return self._submit_line(record, priority, ttl, entry)
-
-    def _submit_line(
-        self, record: dict[str, Any], priority: str, ttl: int, entry: list[Any]
-    ) -> str | BaseException | None:
-        """Submit one line's job and note it on the line; returns the job id, ``None`` where
-        the service refused the line now (counted failed with the API's error), or the
-        exception that must make the chunk run again."""
-        _number, custom_id, model, data = entry
-        batch_id, tenant = record["job_id"], record["owner"]
-        req = JobRequest(
-            model=model,
-            input=data,
-            priority=priority,  # type: ignore[arg-type]
-            ttl_seconds=ttl,
-            metadata={"batch_id": batch_id, "custom_id": custom_id},
-        )
-        try:
-            job, _ = self.jobs.submit(
-                tenant, req, idempotency_key=idempotency_key(batch_id, custom_id)
-            )
-        except (InternalError, Conflict) as exc:
-            # Conflict: another run holds this line's key right now (a duplicate message).
-            return exc
-        except ApiError as exc:  # refused now (e.g. the model is no longer deployed)
-            self.store.count_refused(record, custom_id, {"code": exc.code, "message": exc.message})
-            return None
-        except Exception as exc:  # an AWS error: retried with the chunk
-            return exc
-        self.store.set_line_job(batch_id, custom_id, job["id"])
-        return str(job["id"])
 
     def _expanded(self, record: dict[str, Any]) -> dict[str, Any]:
         """Expansion is over: note it and finalize if every line is already done."""
@@ -321,7 +294,7 @@ class Expander:
         enqueue(self.sqs, self.settings, {"op": "check", "batch_id": batch_id}, delay=delay)
 
 
-#: What :meth:`Expander._line` returns for a line it left to the next invocation.
+#: What :meth:`Expander._group` returns for lines it left to the next invocation.
 _LATE = object()
 
 
