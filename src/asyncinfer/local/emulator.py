@@ -12,16 +12,22 @@ acknowledged PutItem, a job's cancel request), or fails with "dictionary changed
 iteration" (HTTP 500). DynamoDB isolates both. One re-entrant lock now serialises the backend's
 item and transaction operations (:data:`LOCKED`); the emulator was one interpreter anyway.
 
-**One copy per table.** moto's ``TransactWriteItems`` keeps a deep copy of each table it touches
-for its rollback, but takes that copy once per *item* of the call, not once per table: a 64-item
-call on a table of 64 jobs copies the table 64 times (about 0.2 s of CPU per call, measured with
-moto 5.2.5), and the worker's progress writes are such calls, every two seconds. On the local stack
-the emulator shares the workers' cores, so that time came out of decoding.
+**Rollback copies of what a call touches.** moto's ``TransactWriteItems`` keeps a deep copy of
+each table it touches for its rollback, and took that copy once per *item* of the call: a 64-item
+call on a table of 64 jobs copied the table 64 times (about 0.2 s of CPU per call, measured with
+moto 5.2.5). Even once per call, the copy grows with the table: with a 2,000-line batch's jobs,
+line items and counters in the job table (~6,000 items), every job's start and end transaction
+copied all of them, and the emulator shares the workers' cores on the local stack.
 
-:func:`patch_transaction_copies` makes the copies of one table within one call the same copy.
-moto takes all of them before it applies any item, so they are equal: the rollback restores the
-same state as before, and nothing else about the emulator changes. If moto's code no longer has
-the shape this relies on (a module-level ``copy`` and a ``Table`` class), the patch does nothing.
+:func:`patch_transaction_copies` gives moto, in place of each deep copy of a table, a *snapshot*:
+a shallow copy of the table whose item dictionary is a new dictionary holding the same item objects,
+except the items the call names (its ``Put`` / ``Update`` / ``Delete`` / ``ConditionCheck`` keys),
+which are deep copies. moto takes the snapshots before it applies any item and restores them on
+a cancel (``self.tables[name] = snapshot``); an item the call does not name is neither replaced
+nor changed by it (the item lock keeps other requests out meanwhile), so the restored table is the
+table as it was, as with the whole copy. A table with a stream (none of ours) still gets the whole
+copy (its stream records are state too). If moto's code no longer has the shape this relies on
+(a module-level ``copy``, a ``Table`` class with ``items``), the patch does nothing.
 
 **Sends without counting the queue.** moto's SQS ``send_message`` (and so each entry of a
 ``SendMessageBatch``) reads ``queue.attributes`` only for ``ContentBasedDeduplication``, a FIFO
@@ -52,8 +58,9 @@ _local = threading.local()
 
 class _CopyOncePerCall:
     """Stands in for the ``copy`` module inside ``moto.dynamodb.models``: inside a
-    ``TransactWriteItems`` call, ``deepcopy`` of a table already copied in that call returns the
-    first copy; everything else is ``copy``'s own."""
+    ``TransactWriteItems`` call, ``deepcopy`` of a table returns one snapshot of it per call
+    (:func:`_snapshot`: the items the call names copied, the others shared); everything else is
+    ``copy``'s own."""
 
     def __init__(self, table_type: type) -> None:
         self._table_type = table_type
@@ -66,8 +73,43 @@ class _CopyOncePerCall:
         if copies is None or not isinstance(obj, self._table_type):
             return copy.deepcopy(obj, memo)
         if id(obj) not in copies:
-            copies[id(obj)] = copy.deepcopy(obj, memo)
+            named: dict[str, set[Any]] = _local.keys
+            copies[id(obj)] = _snapshot(obj, named.get(getattr(obj, "name", ""), set()))
         return copies[id(obj)]
+
+
+def _snapshot(table: Any, hash_keys: set[Any]) -> Any:
+    """A rollback copy of moto ``table`` for a call that names ``hash_keys`` (moto
+    ``DynamoType`` hash key values): a shallow copy of the table with a new item dictionary, the
+    named keys' entries (an item, or a range key's items) deep-copied. A table with a stream, or
+    of another shape, is deep-copied whole."""
+    items = getattr(table, "items", None)
+    if getattr(table, "stream_shard", None) is not None or not isinstance(items, dict):
+        return copy.deepcopy(table)
+    snap = copy.copy(table)
+    snap.items = copy.copy(items)  # the same (default)dict type, the same item objects
+    for key in hash_keys:
+        if key in items:
+            snap.items[key] = copy.deepcopy(items[key])
+    return snap
+
+
+def _named_keys(backend: Any, transact_items: list[dict[str, Any]]) -> dict[str, set[Any]]:
+    """``{table name: hash key values}`` the items of a ``TransactWriteItems`` call name (moto
+    ``DynamoType``); an item it cannot read is left out (moto then refuses the call before it
+    writes anything, or the key does not exist)."""
+    from moto.dynamodb.models.dynamo_type import DynamoType
+
+    keys: dict[str, set[Any]] = {}
+    for entry in transact_items:
+        try:
+            op_type, op = next(iter(entry.items()))
+            table = backend.tables[op["TableName"]]
+            attrs = op["Item"] if op_type == "Put" else op["Key"]
+            keys.setdefault(table.name, set()).add(DynamoType(attrs[table.hash_key_attr]))
+        except Exception:  # moto validates the call itself
+            continue
+    return keys
 
 
 #: The DynamoDB backend's operations that read or write items, serialised by one lock.
@@ -194,8 +236,9 @@ def patch_item_lock() -> bool:
 
 
 def patch_transaction_copies() -> bool:
-    """Make moto's ``TransactWriteItems`` copy each table once per call (see the module
-    docstring). Returns whether the patch applied; idempotent."""
+    """Make moto's ``TransactWriteItems`` keep rollback snapshots of what each call names
+    instead of whole-table copies (see the module docstring). Returns whether the patch
+    applied; idempotent."""
     try:
         from moto.dynamodb import models
         from moto.dynamodb.models.table import Table
@@ -208,10 +251,12 @@ def patch_transaction_copies() -> bool:
 
     def transact_write_items(self: Any, transact_items: list[dict[str, Any]]) -> Any:
         _local.copies = {}
+        _local.keys = _named_keys(self, transact_items)
         try:
             return original(self, transact_items)
         finally:
             _local.copies = None
+            _local.keys = {}
 
     models.copy = _CopyOncePerCall(Table)  # type: ignore[assignment]
     backend.transact_write_items = transact_write_items
