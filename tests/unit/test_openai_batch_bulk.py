@@ -1,7 +1,9 @@
 """The bulk expansion of batch lines (issue 15: a few requests per chunk, not 9 per line):
 requests per line, derived job ids, a chunk run again after a crash at each step, a partial
 SendMessageBatch failure, a transaction refused because a record exists, the confirm that a
-worker's start refuses, lines begun by earlier versions; moto in-process."""
+worker's start refuses, lines begun by earlier versions, a line left unsent outlasting the wait
+for its re-run, a transaction whose answer was lost read back with lagging reads; moto
+in-process."""
 
 from __future__ import annotations
 
@@ -11,12 +13,14 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from asyncinfer.aws import clients
 from asyncinfer.core.errors import InternalError
 from asyncinfer.core.ids import derived_job_id, is_job_id
 from asyncinfer.core.settings import Settings
 from asyncinfer.core.timeutil import parse
+from asyncinfer.core.topology import QUEUES
 from asyncinfer.jobs.bulk import BulkSubmitter
 from asyncinfer.jobs.record import OUTBOX_FIELD, OUTBOX_MARK, OUTBOX_MARK_FIELD
 from asyncinfer.jobs.store import JobStore
@@ -222,6 +226,71 @@ def test_a_partial_sendmessagebatch_failure_is_sent_again(
     _finish_all_and_count(settings, batch_id, n)
 
 
+def test_a_line_left_unsent_outlasts_the_wait_for_its_chunk_to_run_again(
+    api: ApiCaller, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n = 3
+    batch_id = _create(api, settings, n)
+    expander = Expander(settings)
+    sqs = expander.lines.bulk.sqs
+    real = sqs.send_message_batch
+
+    def down(QueueUrl: str, Entries: list[dict[str, Any]]) -> dict[str, Any]:
+        raise ClientError({"Error": {"Code": "ServiceUnavailable", "Message": "down"}}, "Send")
+
+    monkeypatch.setattr(sqs, "send_message_batch", down)
+    with pytest.raises(InternalError):  # the handler reports it failed; the message comes back
+        expander.handle({"op": "expand", "batch_id": batch_id}, time.monotonic() + 60)
+    jobs = line_jobs(settings, TENANT)
+    assert len(jobs) == n and not _messages(settings)
+    # The chunk runs again when its batch queue message comes back (the queue's visibility
+    # timeout); the expiry sweeper must not have ended its jobs by then.
+    back = int(time.time()) + int(QUEUES["batches"].visibility_timeout_seconds or 0)
+    due = set(JobStore(settings).queued_past_expiry(back))
+    assert not due & {j["job_id"] for j in jobs}
+    monkeypatch.setattr(sqs, "send_message_batch", real)
+    expander.handle({"op": "expand", "batch_id": batch_id}, time.monotonic() + 60)
+    assert sorted(m["job_id"] for m in _messages(settings)) == sorted(j["job_id"] for j in jobs)
+    _finish_all_and_count(settings, batch_id, n)
+
+
+def test_records_whose_transaction_answer_was_lost_get_their_messages(
+    api: ApiCaller, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n = 4
+    batch_id = _create(api, settings, n)
+    expander = Expander(settings)
+    ddb = expander.jobs.store.ddb
+    transact, batch_get = ddb.transact_write_items, ddb.batch_get_item
+    written: set[str] = set()
+
+    def committed_then_lost(**kw: Any) -> Any:  # the first call commits, its answer is lost
+        monkeypatch.setattr(ddb, "transact_write_items", transact)
+        transact(**kw)
+        written.update(a["Put"]["Item"]["job_id"]["S"] for a in kw["TransactItems"] if "Put" in a)
+        raise ClientError({"Error": {"Code": "InternalServerError", "Message": "lost"}}, "Tx")
+
+    def lagging(RequestItems: dict[str, Any], **kw: Any) -> Any:
+        # An eventually consistent read does not see the records written just before yet.
+        resp = batch_get(RequestItems=RequestItems, **kw)
+        for table, req in RequestItems.items():
+            if not req.get("ConsistentRead"):
+                resp["Responses"][table] = [
+                    i for i in resp["Responses"].get(table, []) if i["job_id"]["S"] not in written
+                ]
+        return resp
+
+    monkeypatch.setattr(ddb, "transact_write_items", committed_then_lost)
+    monkeypatch.setattr(ddb, "batch_get_item", lagging)
+    expander.handle({"op": "expand", "batch_id": batch_id}, time.monotonic() + 60)
+    monkeypatch.setattr(ddb, "batch_get_item", batch_get)
+    jobs = line_jobs(settings, TENANT)
+    assert len(jobs) == n and written == {j["job_id"] for j in jobs}
+    assert sorted(m["job_id"] for m in _messages(settings)) == sorted(j["job_id"] for j in jobs)
+    assert not any("submitting_until" in j for j in line_jobs(settings, TENANT))
+    _finish_all_and_count(settings, batch_id, n)
+
+
 def test_a_transaction_refused_because_one_record_exists_puts_the_others(
     settings: Settings,
 ) -> None:
@@ -259,9 +328,9 @@ def test_a_record_made_between_the_read_and_the_write_is_not_made_twice(
     real = JobStore.get_many
     reads: list[int] = []
 
-    def blind_first(self: Any, ids: Any, attributes: Any = ()) -> Any:
+    def blind_first(self: Any, ids: Any, attributes: Any = (), **kw: Any) -> Any:
         reads.append(1)
-        return {} if len(reads) == 1 else real(self, ids, attributes)
+        return {} if len(reads) == 1 else real(self, ids, attributes, **kw)
 
     monkeypatch.setattr(JobStore, "get_many", blind_first)
     _expand(settings, batch_id)

@@ -16,7 +16,15 @@ from asyncinfer.openai_api.batch_counts import LineCounts
 from asyncinfer.openai_api.batch_store import BatchStore
 from asyncinfer.openai_api.line_jobs import LineJobs
 from tests.conftest import ApiCaller
-from tests.unit.batch_helpers import chat_line, echo_ok, finish, line_jobs, run_batch_queue, upload
+from tests.unit.batch_helpers import (
+    chat_line,
+    echo_ok,
+    finish,
+    line_jobs,
+    run_batch_queue,
+    run_events,
+    upload,
+)
 
 TENANT = "tenant-a"
 
@@ -126,3 +134,31 @@ def test_a_chunk_slower_than_the_reserve_leaves_its_late_lines_to_the_next_invoc
     )
     record = store.get(out["id"]) or {}
     assert record["next_line"] == 10 and record["expanded"]
+
+
+def test_finalization_reads_the_jobs_that_just_ended_consistently(
+    api: ApiCaller, settings: Settings, monkeypatch: Any
+) -> None:
+    batch_id = _batch(api, settings, 2)
+    ddb = clients.client("dynamodb", settings)
+    batch_get = ddb.batch_get_item
+    ended: set[str] = set()
+
+    def lagging(RequestItems: dict[str, Any], **kw: Any) -> Any:
+        # An eventually consistent read does not see the records written just before yet.
+        resp = batch_get(RequestItems=RequestItems, **kw)
+        for table, req in RequestItems.items():
+            if not req.get("ConsistentRead"):
+                resp["Responses"][table] = [
+                    i for i in resp["Responses"].get(table, []) if i["job_id"]["S"] not in ended
+                ]
+        return resp
+
+    monkeypatch.setattr(ddb, "batch_get_item", lagging)
+    for rec in line_jobs(settings, TENANT):
+        ended.add(rec["job_id"])
+        finish(settings, rec, echo_ok)
+    run_events(settings)  # the last line's event finalizes the batch
+    batch = BatchStore(settings).get(batch_id)
+    assert batch is not None and batch["status"] == "completed", batch
+    assert (batch["completed"], batch["failed"]) == (2, 0)  # no line lost to a stale read

@@ -5,6 +5,7 @@ counts on ``/metrics`` that ``bench/engine_bridge.py`` compares with the in-proc
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -127,6 +128,50 @@ def test_a_closed_connection_still_cancels_a_silent_job_at_once(held: Any) -> No
     while server.source.closed != 1:
         assert time.monotonic() - t0 < 0.5, "the close was not noticed at once"
         time.sleep(0.01)
+
+
+@pytest.fixture
+def high_fds() -> Iterator[None]:
+    """At least 1,100 descriptors open, so that new sockets get numbers past FD_SETSIZE (a
+    serve-openai with a few hundred connections: three descriptors each)."""
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1_300:
+        pytest.skip(f"the descriptor limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1_300), hard))
+    held = [open(os.devnull, "rb") for _ in range(1_100)]  # noqa: SIM115
+    try:
+        yield
+    finally:
+        for f in held:
+            f.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_request_past_fd_setsize_waits_and_notices_its_close(high_fds: None) -> None:
+    from asyncinfer.models.openai_server.requests import Request
+    from asyncinfer.models.openai_server.streaming import client_gone
+    from asyncinfer.models.schemas import GenerationInput
+
+    req = Request(item=WorkItem(job_id="r", input=GenerationInput(prompt="hi", max_new_tokens=2)))
+    ours, client = socket.socketpair()
+    try:
+        assert ours.fileno() >= 1_024
+        # Nothing happens: it sleeps the whole timeout and reports no close.
+        t0 = time.monotonic()
+        assert req.wait_for(ours, 0.2) is False
+        assert time.monotonic() - t0 >= 0.15
+        assert client_gone(ours) is False
+        # Progress wakes it at once; the client closing is noticed.
+        req.progress(1, {"text": "a"})
+        assert req.wait_for(ours, 5) is False
+        client.close()
+        assert req.wait_for(ours, 5) is True
+        assert client_gone(ours) is True
+    finally:
+        ours.close()
+        client.close()
+        req.close()
 
 
 def test_metrics_carry_the_engines_decoding_counts(held: Any) -> None:

@@ -10,14 +10,15 @@ a run made again (a crash, a duplicate message) finds the records it made and ma
 missing ones, so no idempotency key items are needed. For one call of :meth:`BulkSubmitter.submit`
 (at most a few hundred jobs):
 
-1. **read**: the records that exist (BatchGetItem, 100 keys a call);
+1. **read**: the records that exist (BatchGetItem, 100 keys a call; strongly consistent, as
+   every read here: a record a run wrote just before, its answer lost, must be found);
 2. **inputs**: the S3 copies of the new jobs' inputs that their messages do not carry;
 3. **records**: the new ones in TransactWriteItems calls of up to 100 conditional puts
    (:meth:`~asyncinfer.jobs.transact.BatchWriter.create_many`), with the same two-phase
-   ``submitting_until`` as a single submit (``expires_epoch`` as short as the submit lease until
-   the confirm), so a crash leaves no job ``queued`` without a message for long: the expiry
-   sweeper ends it. A transaction refused because some records exist is sent again without
-   them (those are read back and treated as found);
+   ``submitting_until`` as a single submit (``expires_epoch`` as short as the submit lease,
+   or the caller's ``lease_seconds``, until the confirm), so a crash leaves no job ``queued``
+   without a message for long: the expiry sweeper ends it. A transaction refused because some
+   records exist is sent again without them (those are read back and treated as found);
 4. **events**: ``job.queued`` of the jobs to send, PublishBatch (10 a call), before their
    messages, so that as few requests as can be lie between a job's message and its confirm
    (a worker that started the job meanwhile makes its confirm go alone);
@@ -75,10 +76,16 @@ QUEUED_KEY = event_key(lifecycle.QUEUED, 0)
 class BulkSubmitter:
     """Submits many prepared jobs with the clients of ``service`` (see the module docstring)."""
 
-    def __init__(self, service: JobService) -> None:
+    def __init__(self, service: JobService, *, lease_seconds: int | None = None) -> None:
+        """``lease_seconds``: how long a new record may wait unconfirmed (its message maybe not
+        sent) before the expiry sweeper ends it, seconds; default the plain submit's
+        ``submit_lease_seconds``. A caller whose failed run is run again only later (the batch
+        expander: when its queue message comes back) passes a lease that outlasts that wait,
+        else the sweeper expires the jobs the re-run would send."""
         self.service = service
         self.store = service.store
         self.sqs = service.sqs
+        self.lease_seconds = lease_seconds or service.settings.submit_lease_seconds
 
     def submit(self, jobs: list[Prepared]) -> None:
         """Make sure every job of ``jobs`` (distinct derived ids) exists, has its message sent
@@ -92,9 +99,9 @@ class BulkSubmitter:
         if not jobs:
             return
         ids = [p.record["job_id"] for p in jobs]
-        found = self.store.get_many(ids, _STATE)
+        found = self.store.get_many(ids, _STATE, consistent=True)
         new = [p for p in jobs if p.record["job_id"] not in found]
-        lease_end = int(time.time()) + self.service.settings.submit_lease_seconds
+        lease_end = int(time.time()) + self.lease_seconds
         for p in new:
             if p.body is not None and p.record.get("input_ref"):
                 self.service.payloads.put_input(p.record["tenant"], p.record["job_id"], p.body)
@@ -109,10 +116,10 @@ class BulkSubmitter:
             ]
         )
         if raced:  # made meanwhile by another run (or by this one, its answer lost)
-            found.update(self.store.get_many(raced, _STATE))
+            found.update(self.store.get_many(raced, _STATE, consistent=True))
         made = {p.record["job_id"] for p in new} - raced
         stale = [j for j, rec in found.items() if _unconfirmed(rec)]
-        stored = self.store.get_many(stale) if stale else {}
+        stored = self.store.get_many(stale, consistent=True) if stale else {}
         to_send = [
             p if p.record["job_id"] in made else _as_stored(p, stored[p.record["job_id"]])
             for p in jobs

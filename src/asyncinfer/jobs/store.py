@@ -179,15 +179,19 @@ class JobStore(BatchWriter):
         return record_from_item(item) if item else None
 
     def get_many(
-        self, job_ids: Iterable[str], attributes: Iterable[str] = ()
+        self, job_ids: Iterable[str], attributes: Iterable[str] = (), *, consistent: bool = False
     ) -> dict[str, JobRecord]:
         """Records of ``job_ids`` by id (missing ones absent); BatchGetItem, 100 keys a call.
-        ``attributes`` limits what is read (a ProjectionExpression)."""
+        ``attributes`` limits what is read (a ProjectionExpression); ``consistent``: strongly
+        consistent reads (an eventually consistent one may miss a record written just before:
+        DynamoDB Developer Guide, "Read consistency")."""
         ids = list(dict.fromkeys(job_ids))
         out: dict[str, JobRecord] = {}
         attrs = list(attributes)
         for i in range(0, len(ids), 100):
             req: dict[str, Any] = {"Keys": [{"job_id": {"S": j}} for j in ids[i : i + 100]]}
+            if consistent:
+                req["ConsistentRead"] = True
             if attrs:
                 names = {f"#a{n}": a for n, a in enumerate({"job_id", *attrs})}
                 req["ProjectionExpression"] = ", ".join(names)

@@ -134,7 +134,11 @@ def finalize(settings: OpenAISettings, record: dict[str, Any]) -> dict[str, Any]
     store = BatchStore(settings)
     batch_id, tenant = record["job_id"], record["owner"]
     lines = _all_lines(store, record)
-    jobs = JobStore(settings).get_many([ln["line_job"] for ln in lines if ln.get("line_job")])
+    # Strongly consistent: the job whose event woke this ended a moment ago (an eventually
+    # consistent read may still show it running, or not at all: its answer lost for good).
+    jobs = JobStore(settings).get_many(
+        [ln["line_job"] for ln in lines if ln.get("line_job")], consistent=True
+    )
     payloads = PayloadStore(settings)
     endpoint = record["endpoint"]
     outputs: list[dict[str, Any]] = []

@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from asyncinfer.core import topology
 from asyncinfer.core.errors import ApiError, Conflict, InternalError
 from asyncinfer.core.ids import derived_job_id
 from asyncinfer.functions.api.schemas import JobRequest
@@ -55,6 +56,17 @@ def line_job_id(record: dict[str, Any], custom_id: str) -> str:
     return derived_job_id(seed, int(record["created_at"]) * 1000)
 
 
+def line_submit_lease(submit_lease_seconds: int) -> int:
+    """How long a line's new job may wait unconfirmed before the expiry sweeper ends it,
+    seconds: the batch queue's visibility timeout (AWS: six times the expander's timeout, 30
+    min; a chunk whose run failed part way, its messages not all sent or the invocation killed,
+    is run again only when its message comes back after that) plus ``submit_lease_seconds``
+    (the plain submit's lease, for the re-run's own work)."""
+    queue = topology.QUEUES["batches"]
+    wait = max(queue.visibility_timeout_seconds or 0, queue.local_visibility_timeout_seconds or 0)
+    return wait + submit_lease_seconds
+
+
 class LineJobs:
     """Makes the jobs of a batch's lines in ``store`` through ``jobs`` (see the module
     docstring)."""
@@ -62,7 +74,9 @@ class LineJobs:
     def __init__(self, store: BatchStore, jobs: JobService) -> None:
         self.store = store
         self.jobs = jobs
-        self.bulk = BulkSubmitter(jobs)
+        self.bulk = BulkSubmitter(
+            jobs, lease_seconds=line_submit_lease(jobs.settings.submit_lease_seconds)
+        )
 
     def submit_group(
         self,

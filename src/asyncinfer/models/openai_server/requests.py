@@ -10,7 +10,7 @@ each result to :meth:`RequestSource.finish`. The counts are vLLM's scheduler gau
 from __future__ import annotations
 
 import contextlib
-import select
+import selectors
 import socket
 import threading
 import time
@@ -91,9 +91,14 @@ class Request:
             if self.done or self._wake is None:
                 return False
             reader = self._wake[0]
-        watched = [reader] if sock is None else [reader, sock]
+        # A selector, not select.select: that refuses descriptors past FD_SETSIZE (1,024),
+        # which a server with a few hundred connections (three descriptors each) reaches.
         try:
-            readable, _, _ = select.select(watched, [], [], timeout)
+            with selectors.DefaultSelector() as selector:
+                selector.register(reader, selectors.EVENT_READ)
+                if sock is not None:
+                    selector.register(sock, selectors.EVENT_READ)
+                readable = [key.fileobj for key, _ in selector.select(timeout)]
         except (OSError, ValueError):  # the client's socket closed under us
             return True
         if reader in readable:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-import select
+import selectors
 import socket
 import time
 from http.server import BaseHTTPRequestHandler
@@ -36,15 +36,17 @@ POLL_SECONDS = 0.05
 
 
 def client_gone(sock: socket.socket) -> bool:
-    """Whether the peer closed ``sock`` (readable with nothing to read, or reset)."""
+    """Whether the peer closed ``sock`` (readable with nothing to read, or reset). Looked at
+    with a selector, not ``select.select`` (which refuses descriptors past FD_SETSIZE, 1,024)."""
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        if not readable:
-            return False
+        with selectors.DefaultSelector() as selector:
+            selector.register(sock, selectors.EVENT_READ)
+            if not selector.select(0):
+                return False
         return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
     except BlockingIOError:
         return False
-    except OSError:
+    except (OSError, ValueError):  # reset, or closed under us
         return True
 
 
