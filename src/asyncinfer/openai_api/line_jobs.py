@@ -9,7 +9,8 @@ For a group (at most :data:`~.expansion.GROUP_LINES` lines, a TransactWriteItems
    id** (:func:`line_job_id`: the batch id and ``custom_id``), before anything is written; a
    line the service refuses (:class:`ApiError`) is counted ``failed`` with the API's error,
    as before (one whose item a run that died wrote with a job id it never made has that id
-   taken off);
+   taken off), and so is one whose job request breaks a rule the file's validation did not
+   check (it made every run of the chunk raise, and the batch never ended);
 3. the items of lines not there yet are written, each with its job id (BatchWriteItem, 25 a
    call), before the jobs exist, so that the counter knows a line when its job's event comes;
    an item that is there (a re-run) is never written again, so its ``error_code`` or the
@@ -33,8 +34,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from pydantic import ValidationError
+
 from asyncinfer.core import topology
-from asyncinfer.core.errors import ApiError, Conflict, InternalError
+from asyncinfer.core.errors import ApiError, Conflict, InternalError, InvalidRequest
 from asyncinfer.core.ids import derived_job_id
 from asyncinfer.functions.api.schemas import JobRequest
 from asyncinfer.jobs.bulk import BulkSubmitter
@@ -65,6 +68,35 @@ def line_submit_lease(submit_lease_seconds: int) -> int:
     queue = topology.QUEUES["batches"]
     wait = max(queue.visibility_timeout_seconds or 0, queue.local_visibility_timeout_seconds or 0)
     return wait + submit_lease_seconds
+
+
+def _request(
+    model: str, data: Any, priority: str, ttl: int, batch_id: str, custom_id: str
+) -> JobRequest:
+    """The job request of a line.
+
+    Raises:
+        InvalidRequest: the request breaks a rule of :class:`JobRequest` that the file's
+            validation did not check (the line is refused and counted, rather than the group
+            raising on every run of its chunk, which left the batch never ending).
+    """
+    try:
+        return JobRequest(
+            model=model,
+            input=data,
+            priority=priority,  # type: ignore[arg-type]
+            ttl_seconds=ttl,
+            metadata={"batch_id": batch_id, "custom_id": custom_id},
+        )
+    except ValidationError as exc:
+        details = [
+            {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]}
+            for e in exc.errors(include_url=False, include_input=False)
+        ]
+        first = details[0] if details else {"field": "", "message": str(exc)}
+        raise InvalidRequest(
+            f"the line's job request is invalid: {first['field']}: {first['message']}", details
+        ) from None
 
 
 class LineJobs:
@@ -108,14 +140,8 @@ class LineJobs:
                 elif not item.get("error_code"):  # begun by an earlier version (or refused)
                     legacy.append(entry)
                 continue  # an error_code: refused and counted already
-            req = JobRequest(
-                model=model,
-                input=data,
-                priority=priority,  # type: ignore[arg-type]
-                ttl_seconds=ttl,
-                metadata={"batch_id": batch_id, "custom_id": custom_id},
-            )
             try:
+                req = _request(model, data, priority, ttl, batch_id, custom_id)
                 jobs.append(self.jobs.prepare(tenant, req, job_id))
             except ApiError as exc:  # refused now (e.g. the model is no longer deployed)
                 if item is None:
@@ -149,14 +175,8 @@ class LineJobs:
         exception that must make the chunk run again."""
         _number, custom_id, model, data = entry
         batch_id, tenant = record["job_id"], record["owner"]
-        req = JobRequest(
-            model=model,
-            input=data,
-            priority=priority,  # type: ignore[arg-type]
-            ttl_seconds=ttl,
-            metadata={"batch_id": batch_id, "custom_id": custom_id},
-        )
         try:
+            req = _request(model, data, priority, ttl, batch_id, custom_id)
             job, _ = self.jobs.submit(
                 tenant, req, idempotency_key=idempotency_key(batch_id, custom_id)
             )

@@ -15,10 +15,12 @@ what the caller asked for is worse than one that is refused at once.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from asyncinfer.core.errors import InvalidRequest
+from asyncinfer.functions.api.schemas import METADATA_MAX_BYTES
 from asyncinfer.models.registry import MODELS, validate_input
 
 CHAT, EMBEDDINGS, COMPLETIONS = "/v1/chat/completions", "/v1/embeddings", "/v1/completions"
@@ -38,6 +40,19 @@ MAX_LINES = 50_000
 MAX_FILE_BYTES = 200 * 1024 * 1024
 #: Longest ``custom_id``, characters (it is kept in the line job's metadata: api.md's 2 KB).
 MAX_CUSTOM_ID = 512
+#: Most UTF-8 bytes of a ``custom_id``: the line job's ``metadata`` (``batch_id``, a ``batch_`` +
+#: 26-character ULID, and ``custom_id``, keys and values) must fit api.md's 2 KB, or every line's
+#: job would be refused after the file passed (512 four-byte characters are 2,048 bytes).
+MAX_CUSTOM_ID_BYTES = METADATA_MAX_BYTES - len("batch_id") - len("custom_id") - len("batch_") - 26
+#: A JSON escape of a UTF-16 surrogate (``\ud800`` .. ``\udfff``): a pair of them is one
+#: character; a lone one (RFC 8259 section 8.2: the grammar allows it) is no Unicode text and
+#: cannot be encoded as UTF-8, which the chunks, the job records and the messages are (such a
+#: line froze its batch: every expansion of it raised). A line with a NUL byte is UTF-16 or
+#: UTF-32 (JSON in UTF-8 has none), where the escape is not searched for: always checked.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+#: The message of a line with an unpaired surrogate (as the API's body check words it:
+#: :mod:`asyncinfer.functions.api.body`).
+_UNPAIRED = "the line has an unpaired UTF-16 surrogate escape (\\uD800)"
 #: Most errors listed in a failed batch's ``errors.data`` (the count of the rest is appended).
 MAX_ERRORS = 1000
 #: Most bytes of ``errors.data`` as JSON: it is kept in the batch's DynamoDB item (400 KB in all).
@@ -183,6 +198,14 @@ def check_line(raw: bytes, number: int, endpoint: str, deployed: list[str], seen
     cid = obj.get("custom_id")
     if not isinstance(cid, str) or not cid or len(cid) > MAX_CUSTOM_ID:
         raise LineError(f"custom_id must be a string of 1..{MAX_CUSTOM_ID} characters", "custom_id")
+    # The exact check only where a lone surrogate may be (it costs a dump of the line).
+    lone = b"\x00" in raw or _SURROGATE_ESCAPE.search(raw) is not None
+    if lone and not _is_text(cid):
+        raise LineError(_UNPAIRED, "custom_id", "invalid_json")
+    if len(cid.encode()) > MAX_CUSTOM_ID_BYTES:
+        raise LineError(
+            f"custom_id must be at most {MAX_CUSTOM_ID_BYTES} bytes of UTF-8", "custom_id"
+        )
     if cid in seen:
         raise LineError(f"custom_id {cid!r} is not unique in the file", "custom_id", "duplicate")
     seen.add(cid)
@@ -193,6 +216,8 @@ def check_line(raw: bytes, number: int, endpoint: str, deployed: list[str], seen
     body = obj.get("body")
     if not isinstance(body, dict):
         raise LineError("body must be a JSON object", "body")
+    if lone and not _is_text(body):
+        raise LineError(_UNPAIRED, "body", "invalid_json")
     model = body.get("model")
     if not isinstance(model, str) or model not in MODELS or model not in deployed:
         raise LineError(
@@ -215,6 +240,16 @@ def check_line(raw: bytes, number: int, endpoint: str, deployed: list[str], seen
             f"{first.get('message', exc.message)} ({field})", _body_param(endpoint, field)
         ) from None
     return Line(number=number, custom_id=cid, model=model, input=data)
+
+
+def _is_text(value: Any) -> bool:
+    """Whether every string of the JSON ``value`` is Unicode text (encodable as UTF-8: no lone
+    surrogate)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _refuse_constant(name: str) -> Any:
