@@ -120,23 +120,27 @@ def test_cancelled_transaction_rolls_back_every_table(ddb: Any) -> None:
     assert _progress(ddb, "jobs")["j1"] == "1"
 
 
-def test_a_send_to_a_standard_queue_does_not_count_its_messages(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per count of a queue's visible messages (moto's walk over the whole queue)."""
     from moto.sqs.models import Queue
 
+    calls: list[int] = []
+    real = Queue.approximate_number_of_messages
+
+    def counting(self: Any) -> int:
+        calls.append(1)
+        return int(real.fget(self))  # type: ignore[misc]
+
+    monkeypatch.setattr(Queue, "approximate_number_of_messages", property(counting))
+    return calls
+
+
+def test_a_send_to_a_standard_queue_does_not_count_its_messages(counted: list[int]) -> None:
     from asyncinfer.local.emulator import patch_sqs_sends
 
     assert patch_sqs_sends()
     assert patch_sqs_sends()  # idempotent
-    counted: list[int] = []
-    real = Queue.approximate_number_of_messages
-
-    def counting(self: Any) -> int:
-        counted.append(1)
-        return int(real.fget(self))  # type: ignore[misc]
-
-    monkeypatch.setattr(Queue, "approximate_number_of_messages", property(counting))
     with mock_aws():
         sqs = boto3.client("sqs", region_name="us-east-1")
         url = sqs.create_queue(QueueName="q")["QueueUrl"]
@@ -158,26 +162,17 @@ def test_a_send_to_a_standard_queue_does_not_count_its_messages(
 
 
 def test_receives_and_attribute_reads_walk_the_queue_once_at_most(
-    monkeypatch: pytest.MonkeyPatch,
+    counted: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A receive does not count the queue's messages for each message it hands out (moto's
     retention check computed every attribute: ~65% of the emulator's CPU with a 2,000-line
     batch queued), and one GetQueueAttributes call counts them once, not once per name."""
     from moto.sqs import models
-    from moto.sqs.models import Queue
 
     from asyncinfer.local.emulator import patch_sqs_reads
 
     assert patch_sqs_reads()
     assert patch_sqs_reads()  # idempotent
-    counted: list[int] = []
-    real = Queue.approximate_number_of_messages
-
-    def counting(self: Any) -> int:
-        counted.append(1)
-        return int(real.fget(self))  # type: ignore[misc]
-
-    monkeypatch.setattr(Queue, "approximate_number_of_messages", property(counting))
     with mock_aws():
         sqs = boto3.client("sqs", region_name="us-east-1")
         url = sqs.create_queue(QueueName="q", Attributes={"MessageRetentionPeriod": "60"})[
