@@ -50,7 +50,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("asyncinfer.outbox")
 
-_NAMES = {"#ob": OUTBOX_FIELD, "#obm": OUTBOX_MARK_FIELD, "#obs": OUTBOX_SINCE_FIELD}
+#: The expression attribute names of a record's outbox fields (its pending keys, the sparse
+#: index's mark, the time the oldest key was added).
+OUTBOX_NAMES = {"#ob": OUTBOX_FIELD, "#obm": OUTBOX_MARK_FIELD, "#obs": OUTBOX_SINCE_FIELD}
 
 
 def pending_keys(record: JobRecord, event_type: str | None = None) -> list[str]:
@@ -75,7 +77,7 @@ def clear(store: JobStore, job_id: str, keys: Iterable[str]) -> None:
                 Key={"job_id": {"S": job_id}},
                 UpdateExpression="REMOVE #ob, #obm, #obs",
                 ConditionExpression=f"size(#ob) = :n AND {has_all}",
-                ExpressionAttributeNames=_NAMES,
+                ExpressionAttributeNames=OUTBOX_NAMES,
                 ExpressionAttributeValues={**values, ":n": {"N": str(len(keys))}},
             )
             return
@@ -194,7 +196,7 @@ def _unmark(store: JobStore, job_id: str) -> None:
             Key={"job_id": {"S": job_id}},
             UpdateExpression="REMOVE #obm, #obs",
             ConditionExpression="attribute_not_exists(#ob)",
-            ExpressionAttributeNames=_NAMES,
+            ExpressionAttributeNames=OUTBOX_NAMES,
         )
     except ClientError as exc:
         if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":

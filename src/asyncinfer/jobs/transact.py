@@ -17,9 +17,6 @@ from asyncinfer.core.chunks import chunked
 from asyncinfer.core.errors import TransitionRefused
 from asyncinfer.jobs.record import (
     LEASE_FIELD,
-    OUTBOX_FIELD,
-    OUTBOX_MARK_FIELD,
-    OUTBOX_SINCE_FIELD,
     JobRecord,
     _ser,
     _to_ddb,
@@ -334,11 +331,9 @@ class BatchWriter(TransitionWriter):
         if key is not None:
             update["UpdateExpression"] += ", #ob, #obm, #obs"
             update["ConditionExpression"] += " AND size(#ob) = :one AND contains(#ob, :k)"
-            update["ExpressionAttributeNames"] = {
-                "#ob": OUTBOX_FIELD,
-                "#obm": OUTBOX_MARK_FIELD,
-                "#obs": OUTBOX_SINCE_FIELD,
-            }
+            from asyncinfer.jobs.outbox import OUTBOX_NAMES  # outbox imports this module
+
+            update["ExpressionAttributeNames"] = dict(OUTBOX_NAMES)
             update["ExpressionAttributeValues"].update({":one": {"N": "1"}, ":k": {"S": key}})
         return {"Update": update}
 

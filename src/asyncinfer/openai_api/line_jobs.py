@@ -42,6 +42,7 @@ from asyncinfer.core.ids import derived_job_id
 from asyncinfer.functions.api.schemas import JobRequest
 from asyncinfer.jobs.bulk import BulkSubmitter
 from asyncinfer.jobs.service import JobService, Prepared
+from asyncinfer.models.registry import validation_details
 from asyncinfer.openai_api.batch_store import BatchStore
 
 
@@ -89,10 +90,7 @@ def _request(
             metadata={"batch_id": batch_id, "custom_id": custom_id},
         )
     except ValidationError as exc:
-        details = [
-            {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]}
-            for e in exc.errors(include_url=False, include_input=False)
-        ]
+        details = validation_details(exc)
         first = details[0] if details else {"field": "", "message": str(exc)}
         raise InvalidRequest(
             f"the line's job request is invalid: {first['field']}: {first['message']}", details

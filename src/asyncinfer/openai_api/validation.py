@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncinfer.core.errors import InvalidRequest
+from asyncinfer.functions.api.body import is_text
 from asyncinfer.functions.api.schemas import METADATA_MAX_BYTES
 from asyncinfer.models.registry import MODELS, validate_input
 
@@ -200,7 +201,7 @@ def check_line(raw: bytes, number: int, endpoint: str, deployed: list[str], seen
         raise LineError(f"custom_id must be a string of 1..{MAX_CUSTOM_ID} characters", "custom_id")
     # The exact check only where a lone surrogate may be (it costs a dump of the line).
     lone = b"\x00" in raw or _SURROGATE_ESCAPE.search(raw) is not None
-    if lone and not _is_text(cid):
+    if lone and not is_text(cid):
         raise LineError(_UNPAIRED, "custom_id", "invalid_json")
     if len(cid.encode()) > MAX_CUSTOM_ID_BYTES:
         raise LineError(
@@ -216,7 +217,7 @@ def check_line(raw: bytes, number: int, endpoint: str, deployed: list[str], seen
     body = obj.get("body")
     if not isinstance(body, dict):
         raise LineError("body must be a JSON object", "body")
-    if lone and not _is_text(body):
+    if lone and not is_text(body):
         raise LineError(_UNPAIRED, "body", "invalid_json")
     model = body.get("model")
     if not isinstance(model, str) or model not in MODELS or model not in deployed:
@@ -240,16 +241,6 @@ def check_line(raw: bytes, number: int, endpoint: str, deployed: list[str], seen
             f"{first.get('message', exc.message)} ({field})", _body_param(endpoint, field)
         ) from None
     return Line(number=number, custom_id=cid, model=model, input=data)
-
-
-def _is_text(value: Any) -> bool:
-    """Whether every string of the JSON ``value`` is Unicode text (encodable as UTF-8: no lone
-    surrogate)."""
-    try:
-        json.dumps(value, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _refuse_constant(name: str) -> Any:

@@ -19,6 +19,20 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def is_text(value: Any) -> bool:
+    """Whether every string of the JSON ``value`` is Unicode text (encodable as UTF-8: no lone
+    UTF-16 surrogate escape such as ``"\\ud800"``, which ``json.loads`` accepts).
+
+    Raises:
+        RecursionError: ``value`` is nested too deeply to encode.
+    """
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def body_error(event: dict[str, Any]) -> ApiError | None:
     """Check the body before routing, as strict JSON: too large (413); not UTF-8, not JSON,
     ``NaN``/``Infinity``, nested too deeply, or unpaired surrogates (400 ``invalid_json``); and
@@ -52,9 +66,8 @@ def body_error(event: dict[str, Any]) -> ApiError | None:
     except ValueError as exc:
         return InvalidJson(f"the request body is not valid JSON: {exc}")
     try:
-        json.dumps(parsed, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return InvalidJson("the request body has an unpaired UTF-16 surrogate escape (\\uD800)")
+        if not is_text(parsed):
+            return InvalidJson("the request body has an unpaired UTF-16 surrogate escape (\\uD800)")
     except RecursionError:
         return InvalidJson("the request body is nested too deeply")
     return None
