@@ -84,10 +84,10 @@ class Env:
         if inprocess:
             from moto import mock_aws
 
-            from asyncinfer.local.emulator import patch_dynamodb, patch_sqs_sends
+            from asyncinfer.local.emulator import patch_dynamodb, patch_sqs_reads
 
             patch_dynamodb()
-            patch_sqs_sends()
+            patch_sqs_reads()  # and patch_sqs_sends: as the emulator's main()
             self.mock = mock_aws()
             self.mock.start()
             base = Settings(region="us-east-1")

@@ -149,10 +149,13 @@ def run_jobs(stack: Stack, jobs: list[dict[str, Any]], poll: float, how: str = "
             r.raise_for_status()
             ids.append(r.json()["id"])
         done: dict[str, dict[str, Any]] = {}
+        wanted = set(ids)
         if how == "wait":
             for job_id in ids:
                 while job_id not in done:
-                    j = c.get(f"/v1/jobs/{job_id}", params={"wait": 20}).json()
+                    r = c.get(f"/v1/jobs/{job_id}", params={"wait": 20})
+                    r.raise_for_status()
+                    j = r.json()
                     if j["status"] in TERMINAL_JOB:
                         done[job_id] = j
         while len(done) < len(ids):
@@ -162,10 +165,10 @@ def run_jobs(stack: Stack, jobs: list[dict[str, Any]], poll: float, how: str = "
                 params: dict[str, Any] = {"limit": 100, **({"cursor": cursor} if cursor else {})}
                 page = c.get("/v1/jobs", params=params).json()
                 for j in page["jobs"]:
-                    if j["id"] in ids and j["status"] in TERMINAL_JOB:
+                    if j["id"] in wanted and j["status"] in TERMINAL_JOB:
                         done[j["id"]] = j
                 cursor = page.get("next_cursor")
-                if not cursor or set(ids) <= set(done):
+                if not cursor or wanted <= done.keys():
                     break
         seconds = time.monotonic() - t0
     tokens = sum(

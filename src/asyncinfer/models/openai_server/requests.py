@@ -58,7 +58,7 @@ class Request:
     partial: dict[str, Any] | None = None
     result: Result | None = None
     done: bool = False
-    changed: threading.Condition = field(default_factory=threading.Condition)
+    changed: threading.RLock = field(default_factory=threading.RLock)
     _wake: tuple[socket.socket, socket.socket] | None = field(
         default_factory=_wake_pair, repr=False
     )
@@ -67,21 +67,13 @@ class Request:
         """``on_progress`` of the item (the handler's thread)."""
         with self.changed:
             self.tokens, self.partial = tokens, partial
-            self.changed.notify_all()
         self._signal()
 
     def settle(self, result: Result) -> None:
         """Record the handler's result (``done``) and wake the request's thread."""
         with self.changed:
             self.result, self.done = result, True
-            self.changed.notify_all()
         self._signal()
-
-    def wait(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for progress or the result."""
-        with self.changed:
-            if not self.done:
-                self.changed.wait(timeout)
 
     def wait_for(self, sock: socket.socket | None, timeout: float) -> bool:
         """Sleep until progress or the result comes (one not yet waited for: none is missed),
