@@ -96,8 +96,8 @@ def region_uris(name: str, version: str) -> dict[str, str]:
     if not regions:
         raise _unknown(name, version)
     out: dict[str, str] = {}
-    for region in regions:
-        uri = region_uri(name, version, region)
+    for region in regions:  # the SDK's config read once above, not again per region
+        uri = _retrieve(name, version, region)
         host = uri.split("/", 1)[0]
         if host.split(f".ecr.{region}.", 1)[-1] in DOMAINS:
             out[region] = uri
@@ -121,9 +121,19 @@ def region_uri(name: str, version: str, region: str) -> str:
             f"engine.image aws:{name} version {version}: the sagemaker SDK lists no image in "
             f"{region} (it has: {', '.join(sorted(regions))})"
         )
+    return _retrieve(name, version, region)
+
+
+def _retrieve(name: str, version: str, region: str) -> str:
+    """``image_uris.retrieve(name, region=region, version=version)`` for a region the SDK's
+    config lists.
+
+    Raises:
+        ImageError: the SDK's own "Unsupported ..." (its tables disagree).
+    """
     try:
         return str(sdk().retrieve(name, region=region, version=version))
-    except ValueError as exc:  # the SDK's own "Unsupported ..." (its tables disagree)
+    except ValueError as exc:
         raise ImageError(f"engine.image aws:{name} version {version} in {region}: {exc}") from None
 
 
