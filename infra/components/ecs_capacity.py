@@ -37,7 +37,7 @@ def capacity_group(
     image: ecr_assets.DockerImageAsset | None = None,
 ) -> tuple[ecs.AsgCapacityProvider, autoscaling.AutoScalingGroup]:
     """One capacity group in ``scope``, its construct ids suffixed ``sfx`` (``""`` for the first
-    group, the ids of the single group of earlier versions): a launch template (the GPU or the
+    group): a launch template (the GPU or the
     standard ECS-optimised AL2023 AMI; IMDSv2 with a hop limit of 1, public address, the
     :data:`ROOT_VOLUME_GIB` root volume), an Auto Scaling group of
     ``min_instances..max_instances`` in the public subnets and a capacity provider with managed

@@ -1,6 +1,6 @@
 """``compute=ecs``: GPU container instances that scale to zero, one worker service per model,
 scaled on backlog per task. The capacity groups are :mod:`infra.components.ecs_capacity`, each
-model's service :mod:`infra.components.ecs_services` (whose names this module re-exports)."""
+model's service :mod:`infra.components.ecs_services`."""
 
 from __future__ import annotations
 
@@ -20,24 +20,11 @@ from constructs import Construct
 from asyncinfer.core import naming
 from infra.components.ecs_capacity import capacity_group
 from infra.components.ecs_capacity import capacity_release as release_resource
-from infra.components.ecs_services import (
-    BACKLOG_PER_TASK,
-    BACKLOG_WITHOUT_CAPACITY,
-    CPU_MEMORY_RESERVATION_MIB,
-    add_worker_service,
-    backlog_metric,
-)
+from infra.components.ecs_services import add_worker_service
 from infra.components.model_scopes import ModelScopes
 from infra.model_compute import ModelCompute
 
-__all__ = [
-    "BACKLOG_PER_TASK",
-    "BACKLOG_WITHOUT_CAPACITY",
-    "CPU_MEMORY_RESERVATION_MIB",
-    "EcsWorkers",
-    "backlog_metric",
-    "image_excludes",
-]
+__all__ = ["EcsWorkers", "image_excludes"]
 
 
 class EcsWorkers(Construct):
@@ -71,7 +58,7 @@ class EcsWorkers(Construct):
             ``gpus: 0`` runs on CPU instances (the standard ECS AMI, no GPU reservation).
         stop_timeout: seconds ECS waits after SIGTERM before SIGKILL (max 120).
         memory_reservation_mib: soft memory reservation of a GPU task (a CPU task reserves
-            :data:`CPU_MEMORY_RESERVATION_MIB`).
+            :data:`~infra.components.ecs_services.CPU_MEMORY_RESERVATION_MIB`).
         log_retention / removal_policy: of the container and flow log groups.
         container_insights: Container Insights on the cluster (CloudWatch charges per metric).
         ssm_access: the instance role gets ``AmazonSSMManagedInstanceCore`` (Session Manager
@@ -219,8 +206,8 @@ class EcsWorkers(Construct):
         image: ecr_assets.DockerImageAsset | None = None,
     ) -> ecs.AsgCapacityProvider:
         """Capacity group ``index`` (:func:`~infra.components.ecs_capacity.capacity_group`) and
-        its release custom resource. The first group keeps the construct ids of the single
-        group of earlier versions; the others are suffixed."""
+        its release custom resource. The first group's construct ids have no suffix; the
+        others are suffixed with their number."""
         sfx = "" if index == 0 else str(index + 1)
         cp, asg = capacity_group(
             self,

@@ -450,26 +450,26 @@ def test_secrets_are_stored_only_as_kms_ciphertexts_of_their_tenant(
             kms.decrypt(CiphertextBlob=blob, EncryptionContext=ctx)
 
 
-def test_a_secret_stored_in_the_clear_is_encrypted_in_place_unchanged(
-    api: ApiCaller, settings: Settings
-) -> None:
+def test_a_secret_stored_in_the_clear_never_signs(api: ApiCaller, settings: Settings) -> None:
+    """Any writer of the job table could plant a known secret in the clear: it is replaced by a
+    fresh encrypted one, never adopted (issue 27, item 6)."""
     store = JobStore(settings)
-    clear, prev = new_secret(), new_secret()
-    legacy = {
+    planted, prev = new_secret(), new_secret()
+    item = {
         "job_id": {"S": "whsec#tenant-a"},
-        "secret": {"S": clear},
+        "secret": {"S": planted},
         "created_at": {"S": "2026-01-01T00:00:00.000Z"},
         "previous_secret": {"S": prev},
         "previous_expires_at": {"S": "2999-01-01T00:00:00.000Z"},
     }
-    store.ddb.put_item(TableName=settings.table_name, Item=legacy)
+    store.ddb.put_item(TableName=settings.table_name, Item=item)
     view = api("GET", "/v1/webhooks/secret")[1]
-    assert (view["secret"], view["previous_secret"]) == (clear, prev)
-    assert view["created_at"] == "2026-01-01T00:00:00.000Z"
-    item = store.ddb.get_item(TableName=settings.table_name, Key={"job_id": legacy["job_id"]})
-    assert "secret" not in item["Item"] and "previous_secret" not in item["Item"]
-    assert clear not in json.dumps(item, default=str)
-    assert SecretStore(settings).signing_secrets("tenant-a") == [clear, prev]
+    assert view["secret"].startswith("whsec_") and view["secret"] not in (planted, prev)
+    assert view["previous_secret"] is None
+    got = store.ddb.get_item(TableName=settings.table_name, Key={"job_id": item["job_id"]})
+    assert "secret" not in got["Item"] and "previous_secret" not in got["Item"]
+    assert "secret_ct" in got["Item"]
+    assert SecretStore(settings).signing_secrets("tenant-a") == [view["secret"]]
 
 
 def test_secret_store_needs_its_key(settings: Settings) -> None:

@@ -16,9 +16,9 @@ conditional put, so concurrent first uses agree. Rotation makes a new current se
 stays valid for :data:`ROTATION_GRACE_SECONDS`, and deliveries meanwhile carry a signature with
 each (``webhook-signature: v1,<new> v1,<old>``), so a receiver may switch at any time in between.
 
-Items of earlier versions hold the secrets in the clear (``secret``, ``previous_secret``, S); the
-first read encrypts them in place (same secrets, so receivers keep verifying) and removes the
-clear ones.
+An item without ``secret_ct`` is treated as no secret: the next use replaces it with a fresh,
+encrypted one (whatever else it held, e.g. a secret some table writer put there in the clear,
+never signs a delivery).
 """
 
 from __future__ import annotations
@@ -120,41 +120,11 @@ class SecretStore:
 
     # ------------------------------------------------------------------ items
     def _read(self, tenant: str) -> dict[str, Any] | None:
+        """The tenant's item, or ``None`` where it has no secret (no item, or one without
+        ``secret_ct``: see the module docstring)."""
         item = self.ddb.get_item(TableName=self.table, Key=self._key(tenant), ConsistentRead=True)
         found: dict[str, Any] | None = item.get("Item")
-        if found is not None and "secret" in found:
-            return self._encrypt_in_place(tenant, found)
-        return found
-
-    def _encrypt_in_place(self, tenant: str, item: dict[str, Any]) -> dict[str, Any]:
-        """Encrypt an earlier version's clear secrets in place (conditional on them unchanged);
-        the item as it is now."""
-        values: dict[str, Any] = {
-            ":ct": {"B": self._encrypt(tenant, item["secret"]["S"])},
-            ":old": item["secret"],
-        }
-        expr = "SET secret_ct = :ct"
-        if "previous_secret" in item:
-            values[":pct"] = {"B": self._encrypt(tenant, item["previous_secret"]["S"])}
-            expr += ", previous_secret_ct = :pct"
-        try:
-            resp = self.ddb.update_item(
-                TableName=self.table,
-                Key=self._key(tenant),
-                UpdateExpression=expr + " REMOVE secret, previous_secret",
-                ConditionExpression="secret = :old",
-                ExpressionAttributeValues=values,
-                ReturnValues="ALL_NEW",
-            )
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
-                raise
-            key = self._key(tenant)
-            got = self.ddb.get_item(TableName=self.table, Key=key, ConsistentRead=True)
-            done: dict[str, Any] = got["Item"]  # another request encrypted it first
-            return done
-        new: dict[str, Any] = resp["Attributes"]
-        return new
+        return found if found is not None and "secret_ct" in found else None
 
     def _view(self, tenant: str, item: dict[str, Any]) -> WebhookSecretView:
         prev_ct = item.get("previous_secret_ct", {}).get("B")
@@ -180,7 +150,9 @@ class SecretStore:
         }
         try:
             self.ddb.put_item(
-                TableName=self.table, Item=item, ConditionExpression="attribute_not_exists(job_id)"
+                TableName=self.table,
+                Item=item,
+                ConditionExpression="attribute_not_exists(secret_ct)",
             )
         except ClientError as exc:
             if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
